@@ -1,0 +1,32 @@
+"""Errors that fusegraph reports to its users.
+
+Every error a user can cause (a bad file, an unsupported op, a wrong input) is a
+`FusegraphError` whose message names the culprit, so the command line can print it
+as one clear line and exit 2 instead of showing a traceback from deep inside.
+"""
+
+from __future__ import annotations
+
+
+class FusegraphError(Exception):
+    """Base class: an error caused by the user's model, inputs or options."""
+
+
+class ModelLoadError(FusegraphError):
+    """The model file could not be read (missing, truncated, not ONNX, unknown zoo name)."""
+
+
+class UnsupportedOpError(FusegraphError):
+    """One or more ONNX nodes use ops fusegraph does not support; lists all of them at once."""
+
+
+class ParseError(FusegraphError):
+    """An ONNX node is malformed: a bad attribute, a missing input, a non-constant shape."""
+
+
+class ShapeError(FusegraphError):
+    """Shape inference failed for an instruction; the message names the node and its input shapes."""
+
+
+class InputError(FusegraphError):
+    """A run-time input has the wrong name, shape or dtype."""

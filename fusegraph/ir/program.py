@@ -1,0 +1,201 @@
+"""Instructions, modules and programs.
+
+A `Module` is an ordered list of instructions in SSA form: every instruction names the
+instructions it reads. Parameters and literals are instructions too (ops `@param` and
+`@literal`), so a pass sees the whole dataflow in one list. A fused group is an instruction
+whose op holds a sub-module; the `Program` owns the main module and all sub-modules.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from fusegraph.errors import ShapeError
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.shape import Shape
+
+if TYPE_CHECKING:
+    from fusegraph.ops.base import Op
+
+
+class Instruction:
+    """One op applied to earlier instructions; `origin` is the ONNX node it came from."""
+
+    __slots__ = ("op", "inputs", "shape", "origin", "module")
+
+    def __init__(self, op: "Op", inputs: Sequence["Instruction"], shape: Shape, origin: str = "") -> None:
+        self.op = op
+        self.inputs: list[Instruction] = list(inputs)
+        self.shape = shape
+        self.origin = origin
+        self.module: Module | None = None
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    def __repr__(self) -> str:
+        return f"<Instruction {self.op} {self.shape}>"
+
+
+class Module:
+    """An ordered list of instructions with named parameters and a return list."""
+
+    def __init__(self, name: str = "main") -> None:
+        self.name = name
+        self.instructions: list[Instruction] = []
+        self.returns: list[Instruction] = []
+        self.return_names: list[str] = []
+
+    # building -------------------------------------------------------------------------
+    def add(self, op: "Op", inputs: Sequence[Instruction] = (), origin: str = "") -> Instruction:
+        """Append `op(inputs)`, inferring its shape; a shape error names the instruction's origin."""
+        ins = self.make(op, inputs, origin)
+        self._append(ins)
+        return ins
+
+    def make(self, op: "Op", inputs: Sequence[Instruction] = (), origin: str = "") -> Instruction:
+        """Build an instruction (shape inferred) without placing it in the module yet."""
+        try:
+            shape = op.compute_shape([i.shape for i in inputs])
+        except (ValueError, IndexError, TypeError) as e:
+            where = f"node {origin!r} " if origin else ""
+            shapes = "; ".join(str(i.shape) for i in inputs)
+            raise ShapeError(f"{where}({op}): {e} [inputs: {shapes}]") from None
+        return Instruction(op, inputs, shape, origin)
+
+    def add_param(self, name: str, shape: Shape) -> Instruction:
+        from fusegraph.ops.source import Param
+
+        ins = Instruction(Param(name=name), [], shape, name)
+        self._append(ins)
+        return ins
+
+    def add_literal(self, value: np.ndarray | float | int, dtype: DType | None = None, origin: str = "") -> Instruction:
+        from fusegraph.ops.source import Literal
+
+        arr = np.asarray(value, dtype=dtype.numpy if dtype else None)
+        ins = Instruction(Literal(arr), [], Shape.of(DType.from_numpy(arr.dtype), arr.shape), origin)
+        self._append(ins)
+        return ins
+
+    def insert_before(self, anchor: Instruction, ins: Instruction) -> Instruction:
+        ins.module = self
+        self.instructions.insert(self.instructions.index(anchor), ins)
+        return ins
+
+    def set_returns(self, returns: Sequence[Instruction], names: Sequence[str] | None = None) -> None:
+        self.returns = list(returns)
+        self.return_names = list(names) if names is not None else [f"output_{i}" for i in range(len(returns))]
+
+    def _append(self, ins: Instruction) -> None:
+        ins.module = self
+        self.instructions.append(ins)
+
+    # queries ------------------------------------------------------------------------
+    @property
+    def params(self) -> dict[str, Instruction]:
+        return {i.op.attrs["name"]: i for i in self.instructions if i.op.name == "@param"}
+
+    def users(self) -> dict[Instruction, list[Instruction]]:
+        """For each instruction, the instructions that read it (in order, with repeats)."""
+        out: dict[Instruction, list[Instruction]] = {i: [] for i in self.instructions}
+        for ins in self.instructions:
+            for x in ins.inputs:
+                out.setdefault(x, []).append(ins)
+        return out
+
+    def __iter__(self) -> Iterator[Instruction]:
+        return iter(self.instructions)
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    # rewriting ----------------------------------------------------------------------
+    def replace_uses(self, old: Instruction, new: Instruction) -> None:
+        """Make every reader of `old` (and the return list) read `new` instead."""
+        for ins in self.instructions:
+            if old in ins.inputs:
+                ins.inputs = [new if x is old else x for x in ins.inputs]
+        self.returns = [new if x is old else x for x in self.returns]
+
+    def remove(self, ins: Instruction) -> None:
+        self.instructions.remove(ins)
+
+    def sort(self) -> None:
+        """Restore a topological order (stable: keeps the current order where it is valid)."""
+        placed: set[int] = set()
+        order: list[Instruction] = []
+        members = {id(i) for i in self.instructions}
+
+        def visit(root: Instruction) -> None:
+            stack: list[tuple[Instruction, int]] = [(root, 0)]
+            while stack:
+                ins, k = stack.pop()
+                if id(ins) in placed:
+                    continue
+                if k < len(ins.inputs):
+                    stack.append((ins, k + 1))
+                    dep = ins.inputs[k]
+                    if id(dep) in members and id(dep) not in placed:
+                        stack.append((dep, 0))
+                else:
+                    placed.add(id(ins))
+                    order.append(ins)
+
+        for ins in list(self.instructions):
+            visit(ins)
+        self.instructions = order
+
+    def __str__(self) -> str:
+        from fusegraph.ir.printer import format_module
+
+        return format_module(self)
+
+
+class Program:
+    """A main module plus the sub-modules of fused groups; `run` executes it on the ref target."""
+
+    def __init__(self, main: Module | None = None) -> None:
+        self.main = main if main is not None else Module("main")
+        self.meta: dict[str, Any] = {}
+
+    def modules(self) -> list[Module]:
+        """The main module, then every sub-module reachable from it, depth first."""
+        out: list[Module] = []
+
+        def walk(m: Module) -> None:
+            out.append(m)
+            for ins in m.instructions:
+                sub = getattr(ins.op, "module", None)
+                if isinstance(sub, Module):
+                    walk(sub)
+
+        walk(self.main)
+        return out
+
+    @property
+    def input_shapes(self) -> dict[str, Shape]:
+        return {k: v.shape for k, v in self.main.params.items()}
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.main.return_names)
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run on the NumPy reference target; inputs are checked by name, shape and dtype."""
+        from fusegraph.targets.ref.runner import run_program
+
+        return run_program(self, inputs)
+
+    def __str__(self) -> str:
+        from fusegraph.ir.printer import format_program
+
+        return format_program(self)
+
+
+def instructions_of(modules: Iterable[Module]) -> Iterator[Instruction]:
+    for m in modules:
+        yield from m.instructions

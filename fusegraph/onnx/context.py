@@ -1,0 +1,175 @@
+"""The state of one ONNX import and the helpers every op parser uses.
+
+Parsers stay a few lines each because the context does the common work: attribute access
+with defaults, constant inputs (shape subgraphs are folded to literals as they are read),
+NumPy-style broadcasting as explicit `multibroadcast` views, and error messages that name
+the node at fault.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from fusegraph.errors import ParseError
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import Op
+
+ONNX_TO_DTYPE: dict[int, DType] = {
+    onnx.TensorProto.FLOAT: DType.float32,
+    onnx.TensorProto.FLOAT16: DType.float16,
+    onnx.TensorProto.BFLOAT16: DType.bfloat16,
+    onnx.TensorProto.DOUBLE: DType.float64,
+    onnx.TensorProto.INT64: DType.int64,
+    onnx.TensorProto.INT32: DType.int32,
+    onnx.TensorProto.INT16: DType.int16,
+    onnx.TensorProto.INT8: DType.int8,
+    onnx.TensorProto.UINT8: DType.uint8,
+    onnx.TensorProto.BOOL: DType.bool,
+}
+
+#: Fold an all-constant node unless it would grow the model: output elements at most this,
+#: or at most the elements it reads.
+FOLD_LIMIT = 4096
+
+
+def onnx_dtype(code: int, where: str) -> DType:
+    try:
+        return ONNX_TO_DTYPE[code]
+    except KeyError:
+        name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() else str(code)
+        raise ParseError(f"{where}: element type {name} is not supported") from None
+
+
+class ImportContext:
+    """Holds the module being built, the ONNX value names and the opset."""
+
+    def __init__(self, module: Module, opset: int) -> None:
+        self.module = module
+        self.opset = opset
+        self.values: dict[str, Instruction] = {}
+        self.node: onnx.NodeProto | None = None
+
+    # naming the culprit ------------------------------------------------------------
+    @property
+    def where(self) -> str:
+        n = self.node
+        if n is None:
+            return "model"
+        return f"node {n.name or '(unnamed)'!r} ({n.op_type})"
+
+    def error(self, message: str) -> ParseError:
+        return ParseError(f"{self.where}: {message}")
+
+    # attributes --------------------------------------------------------------------
+    def attr(self, name: str, default: Any = None) -> Any:
+        assert self.node is not None
+        for a in self.node.attribute:
+            if a.name == name:
+                value = onnx.helper.get_attribute_value(a)
+                if isinstance(value, bytes):
+                    return value.decode()
+                if isinstance(value, onnx.TensorProto):
+                    return numpy_helper.to_array(value)
+                if isinstance(value, list) and value and isinstance(value[0], bytes):
+                    return [v.decode() for v in value]
+                return value
+        return default
+
+    def has_attr(self, name: str) -> bool:
+        assert self.node is not None
+        return any(a.name == name for a in self.node.attribute)
+
+    def check_attr(self, name: str, value: Any, allowed: Sequence[Any]) -> Any:
+        if value not in allowed:
+            raise self.error(f"attribute {name}={value!r} is not supported (supported: {', '.join(map(str, allowed))})")
+        return value
+
+    # constants ---------------------------------------------------------------------
+    def const(self, ins: Instruction | None) -> np.ndarray | None:
+        """The value of `ins` if it is a literal (after folding), else None."""
+        if ins is not None and ins.op.name == "@literal":
+            return ins.op.value  # type: ignore[attr-defined]
+        return None
+
+    def require_const(self, ins: Instruction | None, what: str) -> np.ndarray:
+        value = self.const(ins)
+        if value is None:
+            raise self.error(f"{what} must be a constant (or computable from input shapes); "
+                             "fix the input dimensions with --input-dim")
+        return value
+
+    def literal(self, value: np.ndarray | float | int, dtype: DType | None = None) -> Instruction:
+        return self.module.add_literal(value, dtype, origin=self.node.name if self.node else "")
+
+    # building ----------------------------------------------------------------------
+    def add(self, op: Op, inputs: Sequence[Instruction]) -> Instruction:
+        """Append an instruction; fold it into a literal when all its inputs are literals."""
+        origin = self.node.name if self.node is not None else ""
+        ins = self.module.add(op, inputs, origin=origin)
+        if inputs and all(x.op.name == "@literal" for x in inputs):
+            read = sum(x.shape.elements for x in inputs)
+            if ins.shape.elements <= max(FOLD_LIMIT, read):
+                with np.errstate(all="ignore"):
+                    try:
+                        value = op.reference([x.op.value for x in inputs])  # type: ignore[attr-defined]
+                    except (ValueError, IndexError) as e:
+                        raise self.error(str(e)) from None
+                self.module.remove(ins)
+                return self.literal(np.asarray(value, dtype=ins.shape.dtype.numpy).reshape(ins.shape.lens))
+        return ins
+
+    def broadcast(self, *xs: Instruction) -> list[Instruction]:
+        """Broadcast operands to their common lens (NumPy rules) with explicit views."""
+        from fusegraph.ops.views import MultiBroadcast
+
+        try:
+            lens = tuple(np.broadcast_shapes(*(x.shape.lens for x in xs)))
+        except ValueError:
+            raise self.error("operands cannot be broadcast together: " +
+                             ", ".join(str(list(x.shape.lens)) for x in xs)) from None
+        return [x if x.shape.lens == lens else self.add(MultiBroadcast(lens), [x]) for x in xs]
+
+    def convert(self, x: Instruction, dtype: DType) -> Instruction:
+        from fusegraph.ops.pointwise import Convert
+
+        return x if x.shape.dtype == dtype else self.add(Convert(dtype), [x])
+
+    def axis(self, axis: int, rank: int, what: str = "axis") -> int:
+        if not -rank <= axis < rank:
+            raise self.error(f"{what} {axis} out of range for rank {rank}")
+        return axis + rank if axis < 0 else axis
+
+    def axes(self, axes: Sequence[int], rank: int) -> list[int]:
+        out = [self.axis(int(a), rank, "axis") for a in axes]
+        if len(set(out)) != len(out):
+            raise self.error(f"repeated axis in {list(axes)}")
+        return out
+
+
+Parser = Callable[[ImportContext, list["Instruction | None"]], "Instruction | list[Instruction]"]
+
+#: ONNX op type -> parser. Filled by `fusegraph.onnx.parsers`.
+PARSERS: dict[str, Parser] = {}
+
+
+def onnx_op(*op_types: str) -> Callable[[Parser], Parser]:
+    """Decorator registering a parser for one or more ONNX op types."""
+
+    def deco(fn: Parser) -> Parser:
+        for t in op_types:
+            if t in PARSERS:
+                raise ValueError(f"parser for {t} registered twice")
+            PARSERS[t] = fn
+        return fn
+
+    return deco
+
+
+def prod(xs: Sequence[int]) -> int:
+    return math.prod(int(x) for x in xs)

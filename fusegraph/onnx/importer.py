@@ -1,0 +1,138 @@
+"""ONNX graph -> fusegraph Program.
+
+Unsupported ops are all reported at once, before anything is built, so a user sees the whole
+list of what a model needs. Input dimensions can be fixed by name (`--input-dim`); with all
+shapes known, shape subgraphs fold to literals as the nodes are read.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Mapping, Sequence
+
+import onnx
+from onnx import numpy_helper
+
+from fusegraph.errors import FusegraphError, ParseError, UnsupportedOpError
+from fusegraph.ir.program import Program
+from fusegraph.ir.shape import Shape
+from fusegraph.onnx import parsers  # noqa: F401  (registers the parsers)
+from fusegraph.onnx.context import PARSERS, ImportContext, onnx_dtype
+from fusegraph.onnx.loader import load_model
+from fusegraph.passes.dead_code import DeadCodeElimination
+
+MIN_OPSET = 7
+
+
+def supported_onnx_ops() -> list[str]:
+    return sorted(PARSERS)
+
+
+def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
+               input_dims: Mapping[str, Sequence[int]] | None = None) -> Program:
+    """Read an ONNX model (path, bytes, ModelProto or zoo name) into a Program.
+
+    `input_dims` fixes the dimensions of named inputs, overriding what the model declares;
+    dimensions the model leaves symbolic and that are not given default to 1, with a warning.
+    """
+    model = load_model(source)
+    graph = model.graph
+    opset = _opset(model)
+    _check_supported(graph)
+    program = Program()
+    module = program.main
+    ctx = ImportContext(module, opset)
+    dims = dict(input_dims or {})
+    initializers = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers]
+    unknown = sorted(set(dims) - {i.name for i in inputs})
+    if unknown:
+        raise ParseError(f"--input-dim names unknown input(s) {', '.join(map(repr, unknown))}; "
+                         f"the model's inputs are: {', '.join(i.name for i in inputs)}")
+    for value_info in inputs:
+        ctx.values[value_info.name] = module.add_param(value_info.name, _input_shape(value_info, dims.get(value_info.name)))
+    for t in graph.initializer:
+        try:
+            array = numpy_helper.to_array(t)
+        except Exception as e:
+            raise ParseError(f"initializer {t.name!r}: cannot read its data ({e})") from None
+        onnx_dtype(t.data_type, f"initializer {t.name!r}")
+        ctx.values[t.name] = module.add_literal(array, origin=t.name)
+    for k, node in enumerate(graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{k}"
+        ctx.node = node
+        args = []
+        for name in node.input:
+            if not name:
+                args.append(None)
+            elif name not in ctx.values:
+                raise ParseError(f"{ctx.where}: input {name!r} is not produced by any earlier node or graph input")
+            else:
+                args.append(ctx.values[name])
+        try:
+            result = PARSERS[node.op_type](ctx, args)
+        except FusegraphError:
+            raise
+        except (ValueError, TypeError, IndexError, AssertionError) as e:
+            raise ParseError(f"{ctx.where}: {e or type(e).__name__}") from None
+        outs = result if isinstance(result, list) else [result]
+        for name, ins in zip(node.output, outs):
+            if name:
+                ctx.values[name] = ins
+        missing = [n for n in node.output[len(outs):] if n]
+        if missing:
+            raise ParseError(f"{ctx.where}: output(s) {', '.join(missing)} are not supported")
+    ctx.node = None
+    returns = []
+    for out in graph.output:
+        if out.name not in ctx.values:
+            raise ParseError(f"graph output {out.name!r} is not produced by any node")
+        returns.append(ctx.values[out.name])
+    module.set_returns(returns, [o.name for o in graph.output])
+    DeadCodeElimination().apply(module)
+    program.meta.update(opset=opset, producer=f"{model.producer_name} {model.producer_version}".strip())
+    return program
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    versions = {o.domain: o.version for o in model.opset_import}
+    opset = versions.get("", versions.get("ai.onnx", 0))
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise ParseError(f"model uses opset {opset}; fusegraph reads opsets {MIN_OPSET} to {newest}")
+    return opset
+
+
+def _check_supported(graph: onnx.GraphProto) -> None:
+    bad: dict[str, list[str]] = {}
+    for k, node in enumerate(graph.node):
+        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        if op not in PARSERS:
+            bad.setdefault(op, []).append(node.name or f"{node.op_type}_{k}")
+    if bad:
+        lines = [f"  {op}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''} ({len(names)} node{'s' * (len(names) > 1)})"
+                 for op, names in sorted(bad.items())]
+        raise UnsupportedOpError(f"{sum(map(len, bad.values()))} node(s) use unsupported ops:\n" + "\n".join(lines))
+
+
+def _input_shape(value_info: onnx.ValueInfoProto, override: Sequence[int] | None) -> Shape:
+    name = value_info.name
+    tt = value_info.type.tensor_type
+    if not value_info.type.HasField("tensor_type"):
+        raise ParseError(f"input {name!r}: only tensor inputs are supported")
+    dtype = onnx_dtype(tt.elem_type, f"input {name!r}")
+    declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if override is not None:
+        lens = [int(d) for d in override]
+        if tt.HasField("shape") and len(lens) != len(declared):
+            raise ParseError(f"input {name!r}: --input-dim gives rank {len(lens)} but the model declares rank {len(declared)}")
+        if any(d <= 0 for d in lens):
+            raise ParseError(f"input {name!r}: dimensions must be positive, got {lens}")
+        return Shape.of(dtype, lens)
+    if any(d is None or d <= 0 for d in declared):
+        fixed = [d if d and d > 0 else 1 for d in declared]
+        warnings.warn(f"input {name!r} has symbolic dimensions; using {fixed} (set them with --input-dim)", stacklevel=3)
+        return Shape.of(dtype, fixed)
+    return Shape.of(dtype, declared)  # type: ignore[arg-type]

@@ -1,0 +1,162 @@
+"""Parsers of ONNX elementwise ops: each maps to one pointwise op after broadcasting."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Instruction
+from fusegraph.ops import pointwise as pw
+from fusegraph.ops.base import make_op
+from fusegraph.onnx.context import ImportContext, onnx_dtype, onnx_op
+
+_BINARY = {
+    "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div",
+    "Equal": "equal", "Less": "less", "Greater": "greater",
+    "LessOrEqual": "less_or_equal", "GreaterOrEqual": "greater_or_equal",
+    "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor",
+}
+_UNARY = {
+    "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "recip",
+    "Sigmoid": "sigmoid", "Tanh": "tanh", "Relu": "relu", "Erf": "erf", "Floor": "floor", "Ceil": "ceil",
+    "Round": "round", "Sin": "sin", "Cos": "cos", "Sign": "sign", "Not": "not", "HardSwish": "hard_swish",
+}
+_VARIADIC = {"Sum": "add", "Max": "max", "Min": "min"}
+
+
+def binary(ctx: ImportContext, name: str, a: Instruction, b: Instruction) -> Instruction:
+    a, b = ctx.broadcast(a, b)
+    return ctx.add(make_op(name), [a, b])
+
+
+def _make_binary(op_type: str, name: str) -> None:
+    @onnx_op(op_type)
+    def parse(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+        return binary(ctx, name, ins[0], ins[1])  # type: ignore[arg-type]
+
+
+def _make_unary(op_type: str, name: str) -> None:
+    @onnx_op(op_type)
+    def parse(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+        return ctx.add(make_op(name), [ins[0]])  # type: ignore[list-item]
+
+
+for _t, _n in _BINARY.items():
+    _make_binary(_t, _n)
+for _t, _n in _UNARY.items():
+    _make_unary(_t, _n)
+
+
+@onnx_op("Sum", "Max", "Min", "Mean")
+def parse_variadic(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    xs = [x for x in ins if x is not None]
+    if not xs:
+        raise ctx.error("needs at least one input")
+    name = _VARIADIC.get(ctx.node.op_type, "add")  # type: ignore[union-attr]
+    out = xs[0]
+    for x in xs[1:]:
+        out = binary(ctx, name, out, x)
+    if ctx.node.op_type == "Mean" and len(xs) > 1:  # type: ignore[union-attr]
+        out = binary(ctx, "div", out, ctx.literal(np.array(len(xs), out.shape.dtype.numpy)))
+    return out
+
+
+@onnx_op("Pow")
+def parse_pow(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    base, exp = ins[0], ins[1]
+    assert base is not None and exp is not None
+    return binary(ctx, "pow", base, ctx.convert(exp, base.shape.dtype))
+
+
+@onnx_op("Where")
+def parse_where(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    c, a, b = ctx.broadcast(*ins)  # type: ignore[arg-type]
+    return ctx.add(pw.Where(), [c, a, b])
+
+
+@onnx_op("Clip")
+def parse_clip(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    dt = x.shape.dtype.numpy
+    if ctx.opset < 11:
+        lo_v, hi_v = ctx.attr("min", -np.inf), ctx.attr("max", np.inf)
+        lo, hi = ctx.literal(np.array(lo_v).astype(dt)), ctx.literal(np.array(hi_v).astype(dt))
+    else:
+        lo = ins[1] if len(ins) > 1 and ins[1] is not None else None
+        hi = ins[2] if len(ins) > 2 and ins[2] is not None else None
+        lo = lo if lo is not None else ctx.literal(_lowest(dt))
+        hi = hi if hi is not None else ctx.literal(_highest(dt))
+    x, lo, hi = ctx.broadcast(x, lo, hi)
+    return ctx.add(pw.Clip(), [x, lo, hi])
+
+
+def _lowest(dt: np.dtype) -> np.ndarray:
+    return np.array(-np.inf if dt.kind == "f" else np.iinfo(dt).min, dt)
+
+
+def _highest(dt: np.dtype) -> np.ndarray:
+    return np.array(np.inf if dt.kind == "f" else np.iinfo(dt).max, dt)
+
+
+@onnx_op("LeakyRelu")
+def parse_leaky_relu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return ctx.add(pw.LeakyRelu(ctx.attr("alpha", 0.01)), [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("HardSigmoid")
+def parse_hard_sigmoid(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return ctx.add(pw.HardSigmoid(ctx.attr("alpha", 0.2), ctx.attr("beta", 0.5)), [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("Cast")
+def parse_cast(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    to = ctx.attr("to")
+    if to is None:
+        raise ctx.error("missing attribute 'to'")
+    x = ins[0]
+    assert x is not None
+    return ctx.convert(x, onnx_dtype(to, ctx.where))
+
+
+@onnx_op("Identity")
+def parse_identity(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return ins[0]  # type: ignore[return-value]
+
+
+@onnx_op("Dropout")
+def parse_dropout(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
+    """Inference mode only: the data passes through and the mask is all true."""
+    x = ins[0]
+    assert x is not None
+    training = ctx.const(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    if training is not None and bool(training):
+        raise ctx.error("training_mode=true is not supported (fusegraph compiles for inference)")
+    if len(ins) > 2 and ins[2] is not None and training is None:
+        raise ctx.error("training_mode must be a constant")
+    mask = ctx.add(make_op("multibroadcast", out_lens=x.shape.lens), [ctx.literal(np.array(True))])
+    return [x, mask]
+
+
+@onnx_op("BatchNormalization")
+def parse_batch_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    from fusegraph.ops.views import Reshape
+
+    x, scale, bias, mean, var = ins[:5]
+    assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
+    if ctx.attr("training_mode", 0):
+        raise ctx.error("training_mode=1 is not supported (fusegraph compiles for inference)")
+    if x.shape.ndim < 2:
+        raise ctx.error(f"input must be [N, C, ...], got rank {x.shape.ndim}")
+    c = x.shape.lens[1]
+    per_channel = [c] + [1] * (x.shape.ndim - 2)
+    params = []
+    for p in (scale, bias, mean, var):
+        if p.shape.elements != c:
+            raise ctx.error(f"parameter of shape {list(p.shape.lens)} does not match {c} channels")
+        p = ctx.convert(p, x.shape.dtype)
+        params.append(ctx.add(Reshape(per_channel), [p]))
+    xs = ctx.broadcast(x, *params)
+    return ctx.add(pw.BatchNorm(ctx.attr("epsilon", 1e-5)), xs)
+
+

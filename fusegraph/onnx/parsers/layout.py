@@ -1,0 +1,236 @@
+"""Parsers of ONNX shape and layout ops: views, concat, split, gather and the shape subgraph ops.
+
+Shape-valued inputs (a Reshape's target, Slice bounds, Split sizes) must be constants; the
+importer folds Shape -> Gather -> Concat chains into literals as it reads them, so they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import numpy_helper
+
+from fusegraph.ir.program import Instruction
+from fusegraph.ops import views as v
+from fusegraph.ops.movement import Concat, Gather
+from fusegraph.onnx.context import ImportContext, onnx_op, prod
+
+
+def _ints(ctx: ImportContext, ins: Instruction | None, what: str) -> list[int]:
+    return [int(x) for x in ctx.require_const(ins, what).reshape(-1)]
+
+
+@onnx_op("Reshape")
+def parse_reshape(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    dims = _ints(ctx, ins[1], "the target shape") if ctx.opset >= 5 else list(ctx.attr("shape", []))
+    allowzero = ctx.attr("allowzero", 0)
+    out = []
+    for i, d in enumerate(dims):
+        if d == 0 and not allowzero:
+            if i >= x.shape.ndim:
+                raise ctx.error(f"dim 0 at position {i} copies a dimension the input (rank {x.shape.ndim}) lacks")
+            d = x.shape.lens[i]
+        out.append(d)
+    if out.count(-1) > 1:
+        raise ctx.error(f"at most one -1 allowed in shape {dims}")
+    if -1 in out:
+        known = prod([d for d in out if d != -1])
+        if known == 0 or x.shape.elements % known:
+            raise ctx.error(f"cannot reshape {list(x.shape.lens)} to {dims}")
+        out[out.index(-1)] = x.shape.elements // known
+    return ctx.add(v.Reshape(out), [x])
+
+
+@onnx_op("Transpose")
+def parse_transpose(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    perm = ctx.attr("perm", list(range(x.shape.ndim))[::-1])
+    return ctx.add(v.Transpose(perm), [x])
+
+
+@onnx_op("Flatten")
+def parse_flatten(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    axis = ctx.attr("axis", 1)
+    r = x.shape.ndim
+    if not -r <= axis <= r:
+        raise ctx.error(f"axis {axis} out of range for rank {r}")
+    return ctx.add(v.Flatten(axis + r if axis < 0 else axis), [x])
+
+
+def _axes_input(ctx: ImportContext, ins: list[Instruction | None], k: int) -> list[int] | None:
+    """Axes from an attribute (older opsets) or from input k (newer); None when absent."""
+    if ctx.has_attr("axes"):
+        return list(ctx.attr("axes"))
+    if len(ins) > k and ins[k] is not None:
+        return _ints(ctx, ins[k], "axes")
+    return None
+
+
+@onnx_op("Squeeze")
+def parse_squeeze(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    axes = _axes_input(ctx, ins, 1)
+    if axes is None:
+        axes = [i for i, n in enumerate(x.shape.lens) if n == 1]
+    axes = ctx.axes(axes, x.shape.ndim)
+    for a in axes:
+        if x.shape.lens[a] != 1:
+            raise ctx.error(f"cannot squeeze axis {a} of length {x.shape.lens[a]}")
+    return ctx.add(v.Squeeze(axes), [x])
+
+
+@onnx_op("Unsqueeze")
+def parse_unsqueeze(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    axes = _axes_input(ctx, ins, 1)
+    if axes is None:
+        raise ctx.error("missing axes")
+    axes = ctx.axes(axes, x.shape.ndim + len(axes))
+    return ctx.add(v.Unsqueeze(axes), [x])
+
+
+@onnx_op("Expand")
+def parse_expand(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    shape = _ints(ctx, ins[1], "the shape")
+    try:
+        lens = np.broadcast_shapes(tuple(x.shape.lens), tuple(shape))
+    except ValueError:
+        raise ctx.error(f"cannot expand {list(x.shape.lens)} to {shape}") from None
+    if tuple(lens) == x.shape.lens:
+        return x
+    return ctx.add(v.MultiBroadcast(lens), [x])
+
+
+@onnx_op("Slice")
+def parse_slice(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    r = x.shape.ndim
+    if ctx.opset < 10:
+        starts, ends = list(ctx.attr("starts")), list(ctx.attr("ends"))
+        axes = list(ctx.attr("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = _ints(ctx, ins[1], "starts"), _ints(ctx, ins[2], "ends")
+        axes = _ints(ctx, ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+        steps = _ints(ctx, ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.error("starts, ends, axes and steps differ in length")
+    axes = ctx.axes(axes, r)
+    if any(s == 0 for s in steps):
+        raise ctx.error("slice step cannot be 0")
+    sl = v.Slice.normalized(x.shape.lens, axes, starts, ends, steps)
+    if all(s == 0 and e == x.shape.lens[a] and st == 1 for a, s, e, st in zip(sl.axes, sl.starts, sl.ends, sl.steps)):
+        return x
+    return ctx.add(sl, [x])
+
+
+@onnx_op("Split")
+def parse_split(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
+    """Split becomes one slice view per output, so each part fuses like any other view."""
+    x = ins[0]
+    assert x is not None and ctx.node is not None
+    axis = ctx.axis(ctx.attr("axis", 0), x.shape.ndim)
+    n = x.shape.lens[axis]
+    outs = len(ctx.node.output)
+    if ctx.has_attr("split"):
+        sizes = list(ctx.attr("split"))
+    elif len(ins) > 1 and ins[1] is not None:
+        sizes = _ints(ctx, ins[1], "split")
+    else:
+        parts = ctx.attr("num_outputs", outs)
+        chunk = -(-n // parts)
+        sizes = [min(chunk, n - i * chunk) for i in range(parts)]
+    if sum(sizes) != n or any(s < 0 for s in sizes):
+        raise ctx.error(f"split sizes {sizes} do not add up to {n} on axis {axis}")
+    results, start = [], 0
+    for s in sizes:
+        results.append(ctx.add(v.Slice([axis], [start], [start + s]), [x]))
+        start += s
+    return results
+
+
+@onnx_op("Concat")
+def parse_concat(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    xs = [x for x in ins if x is not None]
+    if not xs:
+        raise ctx.error("needs at least one input")
+    axis = ctx.attr("axis")
+    if axis is None:
+        raise ctx.error("missing attribute 'axis'")
+    axis = ctx.axis(axis, xs[0].shape.ndim)
+    xs = [x for x in xs if x.shape.lens[axis] != 0] or xs[:1]
+    if len(xs) == 1:
+        return xs[0]
+    return ctx.add(Concat(axis), xs)
+
+
+@onnx_op("Gather")
+def parse_gather(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    data, idx = ins[0], ins[1]
+    assert data is not None and idx is not None
+    axis = ctx.axis(ctx.attr("axis", 0), data.shape.ndim)
+    values = ctx.const(idx)
+    n = data.shape.lens[axis]
+    if values is not None and values.size and (values.min() < -n or values.max() >= n):
+        raise ctx.error(f"index out of range [{-n}, {n}) on axis {axis}")
+    if values is not None and values.ndim == 0:
+        # a constant scalar index is a slice plus a squeeze: two views that fuse
+        i = int(values) + (n if int(values) < 0 else 0)
+        part = ctx.add(v.Slice([axis], [i], [i + 1]), [data]) if n != 1 else data
+        return ctx.add(v.Squeeze([axis]), [part])
+    return ctx.add(Gather(axis), [data, idx])
+
+
+@onnx_op("Shape")
+def parse_shape(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    lens = list(x.shape.lens)
+    start, end = ctx.attr("start", 0), ctx.attr("end", None)
+    return ctx.literal(np.array(lens[slice(start, end)], dtype=np.int64))
+
+
+@onnx_op("Size")
+def parse_size(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return ctx.literal(np.array(ins[0].shape.elements, dtype=np.int64))  # type: ignore[union-attr]
+
+
+@onnx_op("Constant")
+def parse_constant(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    assert ctx.node is not None
+    for a in ctx.node.attribute:
+        if a.name == "value":
+            return ctx.literal(numpy_helper.to_array(a.t))
+        if a.name in ("value_float", "value_int"):
+            return ctx.literal(np.array(ctx.attr(a.name), np.float32 if a.name == "value_float" else np.int64))
+        if a.name in ("value_floats", "value_ints"):
+            return ctx.literal(np.array(ctx.attr(a.name), np.float32 if a.name == "value_floats" else np.int64))
+    raise ctx.error("no supported value attribute (value, value_float(s), value_int(s))")
+
+
+@onnx_op("ConstantOfShape")
+def parse_constant_of_shape(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    shape = _ints(ctx, ins[0], "the shape")
+    value = ctx.attr("value")
+    fill = np.asarray(value).reshape(-1)[:1] if value is not None else np.zeros(1, np.float32)
+    scalar = fill.reshape(())
+    if prod(shape) <= 4096:
+        return ctx.literal(np.full(shape, scalar, dtype=scalar.dtype))
+    return ctx.add(v.MultiBroadcast(shape), [ctx.literal(scalar)])
+
+
+@onnx_op("Range")
+def parse_range(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    start, limit, delta = (ctx.require_const(x, "Range bounds") for x in ins[:3])
+    return ctx.literal(np.arange(start, limit, delta).astype(start.dtype))
+
+

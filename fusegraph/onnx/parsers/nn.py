@@ -1,0 +1,339 @@
+"""Parsers of ONNX network ops: convolution, pooling, matrix products, normalizations,
+reductions, resize and pad."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fusegraph.ir.program import Instruction
+from fusegraph.ops import anchors, movement, reduce
+from fusegraph.ops import views as v
+from fusegraph.ops.base import make_op
+from fusegraph.onnx.context import ImportContext, onnx_op
+from fusegraph.onnx.parsers.elementwise import binary
+
+
+def _window_pads(ctx: ImportContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
+                 dilations: list[int]) -> list[int]:
+    """Explicit begins-then-ends padding, resolving auto_pad."""
+    k = len(kernel)
+    auto = ctx.attr("auto_pad", "NOTSET")
+    ctx.check_attr("auto_pad", auto, ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
+    if auto == "VALID":
+        return [0] * (2 * k)
+    if auto == "NOTSET":
+        pads = list(ctx.attr("pads", [0] * (2 * k)))
+        if len(pads) != 2 * k:
+            raise ctx.error(f"pads has {len(pads)} values, expected {2 * k}")
+        if any(p < 0 for p in pads):
+            raise ctx.error(f"negative pads {pads}")
+        return pads
+    begins, ends = [], []
+    for n, kk, s, d in zip(spatial, kernel, strides, dilations):
+        out = -(-n // s)
+        total = max(0, (out - 1) * s + (kk - 1) * d + 1 - n)
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto == "SAME_UPPER" else big)
+        ends.append(big if auto == "SAME_UPPER" else small)
+    return begins + ends
+
+
+def _per_spatial(ctx: ImportContext, name: str, k: int) -> list[int]:
+    values = list(ctx.attr(name, [1] * k))
+    if len(values) != k:
+        raise ctx.error(f"{name} has {len(values)} values, expected {k}")
+    if any(x <= 0 for x in values):
+        raise ctx.error(f"{name} must be positive, got {values}")
+    return values
+
+
+def _channel_bias(ctx: ImportContext, out: Instruction, bias: Instruction) -> Instruction:
+    """Add a per-channel bias [C] to [N, C, ...]."""
+    c = out.shape.lens[1]
+    if bias.shape.lens != (c,):
+        raise ctx.error(f"bias shape {list(bias.shape.lens)} does not match {c} output channels")
+    b = ctx.add(v.Reshape([c] + [1] * (out.shape.ndim - 2)), [bias])
+    return binary(ctx, "add", out, b)
+
+
+@onnx_op("Conv")
+def parse_conv(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x, w = ins[0], ins[1]
+    assert x is not None and w is not None
+    if x.shape.ndim < 3:
+        raise ctx.error(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
+    k = x.shape.ndim - 2
+    kernel = list(ctx.attr("kernel_shape", w.shape.lens[2:]))
+    if tuple(kernel) != w.shape.lens[2:]:
+        raise ctx.error(f"kernel_shape {kernel} does not match weights {list(w.shape.lens)}")
+    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
+    out = ctx.add(anchors.Convolution(pads, strides, dilations, ctx.attr("group", 1)), [x, w])
+    if len(ins) > 2 and ins[2] is not None:
+        out = _channel_bias(ctx, out, ins[2])
+    return out
+
+
+def _pool(ctx: ImportContext, x: Instruction, mode: str) -> Instruction:
+    if x.shape.ndim < 3:
+        raise ctx.error(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
+    kernel = ctx.attr("kernel_shape")
+    if kernel is None:
+        raise ctx.error("missing attribute kernel_shape")
+    k = len(kernel)
+    if k != x.shape.ndim - 2:
+        raise ctx.error(f"kernel_shape {list(kernel)} does not match input rank {x.shape.ndim}")
+    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
+    if ctx.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER") and mode == "average":
+        count_include_pad = False
+    else:
+        count_include_pad = bool(ctx.attr("count_include_pad", 0))
+    op = anchors.Pooling(mode, kernel, strides, pads, dilations, bool(ctx.attr("ceil_mode", 0)), count_include_pad)
+    return ctx.add(op, [x])
+
+
+@onnx_op("MaxPool")
+def parse_max_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    assert ctx.node is not None
+    if len(ctx.node.output) > 1 and ctx.node.output[1]:
+        raise ctx.error("the Indices output is not supported")
+    if ctx.attr("storage_order", 0):
+        raise ctx.error("storage_order=1 is not supported")
+    return _pool(ctx, ins[0], "max")  # type: ignore[arg-type]
+
+
+@onnx_op("AveragePool")
+def parse_average_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return _pool(ctx, ins[0], "average")  # type: ignore[arg-type]
+
+
+@onnx_op("GlobalAveragePool", "GlobalMaxPool")
+def parse_global_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None and ctx.node is not None
+    name = "reduce_mean" if ctx.node.op_type == "GlobalAveragePool" else "reduce_max"
+    return ctx.add(make_op(name, axes=list(range(2, x.shape.ndim))), [x])
+
+
+@onnx_op("LRN")
+def parse_lrn(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    size = ctx.attr("size")
+    if size is None:
+        raise ctx.error("missing attribute size")
+    op = movement.LRN(size, ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0))
+    return ctx.add(op, [ins[0]])  # type: ignore[list-item]
+
+
+def matmul(ctx: ImportContext, a: Instruction, b: Instruction) -> Instruction:
+    """NumPy matmul semantics (1-D operands, broadcast batch dims) on top of the `dot` op."""
+    squeeze = []
+    if a.shape.ndim == 1:
+        a = ctx.add(v.Unsqueeze([0]), [a])
+        squeeze.append(-2)
+    if b.shape.ndim == 1:
+        b = ctx.add(v.Unsqueeze([1]), [b])
+        squeeze.append(-1)
+    if a.shape.lens[-1] != b.shape.lens[-2]:
+        raise ctx.error(f"inner dimensions differ: {list(a.shape.lens)} x {list(b.shape.lens)}")
+    try:
+        batch = tuple(np.broadcast_shapes(a.shape.lens[:-2], b.shape.lens[:-2]))
+    except ValueError:
+        raise ctx.error(f"batch dimensions cannot be broadcast: {list(a.shape.lens)} x {list(b.shape.lens)}") from None
+    if a.shape.lens[:-2] != batch:
+        a = ctx.add(v.MultiBroadcast(batch + a.shape.lens[-2:]), [a])
+    if b.shape.lens[:-2] != batch:
+        b = ctx.add(v.MultiBroadcast(batch + b.shape.lens[-2:]), [b])
+    out = ctx.add(anchors.Dot(), [a, b])
+    if squeeze:
+        r = out.shape.ndim
+        out = ctx.add(v.Squeeze([r + s for s in squeeze]), [out])
+    return out
+
+
+@onnx_op("MatMul")
+def parse_matmul(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return matmul(ctx, ins[0], ins[1])  # type: ignore[arg-type]
+
+
+@onnx_op("Gemm")
+def parse_gemm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    a, b = ins[0], ins[1]
+    assert a is not None and b is not None
+    if a.shape.ndim != 2 or b.shape.ndim != 2:
+        raise ctx.error(f"A and B must be 2-D, got {list(a.shape.lens)} and {list(b.shape.lens)}")
+    if ctx.attr("transA", 0):
+        a = ctx.add(v.Transpose([1, 0]), [a])
+    if ctx.attr("transB", 0):
+        b = ctx.add(v.Transpose([1, 0]), [b])
+    out = matmul(ctx, a, b)
+    dt = out.shape.dtype.numpy
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    if alpha != 1.0:
+        out = binary(ctx, "mul", out, ctx.literal(np.array(alpha, dt)))
+    c = ins[2] if len(ins) > 2 else None
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = binary(ctx, "mul", c, ctx.literal(np.array(beta, dt)))
+        out = binary(ctx, "add", out, c)
+    return out
+
+
+@onnx_op("Softmax", "LogSoftmax")
+def parse_softmax(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None and ctx.node is not None
+    log = ctx.node.op_type == "LogSoftmax"
+    r = x.shape.ndim
+    if ctx.opset >= 13:
+        return ctx.add(reduce.Softmax(ctx.axis(ctx.attr("axis", -1), r), log), [x])
+    # before opset 13 the input is coerced to 2-D at `axis` and normalized over the second part
+    axis = ctx.axis(ctx.attr("axis", 1), r)
+    if axis == r - 1:
+        return ctx.add(reduce.Softmax(axis, log), [x])
+    flat = ctx.add(v.Flatten(axis), [x])
+    out = ctx.add(reduce.Softmax(1, log), [flat])
+    return ctx.add(v.Reshape(x.shape.lens), [out])
+
+
+@onnx_op("LayerNormalization")
+def parse_layer_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x, scale = ins[0], ins[1]
+    assert x is not None and scale is not None and ctx.node is not None
+    if any(ctx.node.output[1:]):
+        raise ctx.error("the Mean and InvStdDev outputs are not supported")
+    if ctx.attr("stash_type", 1) != 1:
+        raise ctx.error("only stash_type=1 (float32 statistics) is supported")
+    axis = ctx.axis(ctx.attr("axis", -1), x.shape.ndim)
+    bias = ins[2] if len(ins) > 2 and ins[2] is not None else ctx.literal(np.zeros((), x.shape.dtype.numpy))
+    x, scale, bias = ctx.broadcast(x, scale, bias)
+    return ctx.add(reduce.LayerNorm(axis, ctx.attr("epsilon", 1e-5)), [x, scale, bias])
+
+
+_REDUCE = {
+    "ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
+    "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceSumSquare": "reduce_sum",
+    "ReduceL1": "reduce_sum", "ReduceL2": "reduce_sum", "ReduceLogSum": "reduce_sum",
+    "ReduceLogSumExp": "reduce_sum",
+}
+#: opset from which the axes of each reduction are an input instead of an attribute
+_AXES_INPUT_SINCE = {"ReduceSum": 13}
+
+
+@onnx_op(*_REDUCE)
+def parse_reduce(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None and ctx.node is not None
+    t = ctx.node.op_type
+    r = x.shape.ndim
+    if ctx.opset >= _AXES_INPUT_SINCE.get(t, 18):
+        axes = [int(a) for a in ctx.require_const(ins[1], "axes").reshape(-1)] if len(ins) > 1 and ins[1] is not None else []
+    else:
+        axes = list(ctx.attr("axes", []))
+    if not axes:
+        if ctx.attr("noop_with_empty_axes", 0):
+            return x
+        axes = list(range(r))
+    axes = ctx.axes(axes, r)
+    pre = {"ReduceSumSquare": "sq", "ReduceL2": "sq", "ReduceL1": "abs", "ReduceLogSumExp": "exp"}.get(t)
+    y = x
+    if pre == "sq":
+        y = ctx.add(make_op("mul"), [x, x])
+    elif pre:
+        y = ctx.add(make_op(pre), [x])
+    out = ctx.add(make_op(_REDUCE[t], axes=axes), [y])
+    if t == "ReduceL2":
+        out = ctx.add(make_op("sqrt"), [out])
+    elif t in ("ReduceLogSum", "ReduceLogSumExp"):
+        out = ctx.add(make_op("log"), [out])
+    if not ctx.attr("keepdims", 1):
+        out = ctx.add(v.Squeeze(axes), [out])
+    return out
+
+
+@onnx_op("Resize", "Upsample")
+def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None and ctx.node is not None
+    r = x.shape.ndim
+    mode = ctx.check_attr("mode", ctx.attr("mode", "nearest"), ["nearest", "linear", "cubic"])
+    if ctx.node.op_type == "Upsample" or ctx.opset < 11:
+        scales_in, sizes_in = ins[1] if len(ins) > 1 else None, None
+        coord = "asymmetric"
+        if ctx.has_attr("scales"):
+            scales_in = ctx.literal(np.array(ctx.attr("scales"), np.float32))
+    else:
+        scales_in = ins[2] if len(ins) > 2 else None
+        sizes_in = ins[3] if len(ins) > 3 else None
+        coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    ctx.check_attr("coordinate_transformation_mode", coord,
+                   ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"])
+    if ctx.attr("antialias", 0):
+        raise ctx.error("antialias=1 is not supported")
+    axes = ctx.axes(ctx.attr("axes", list(range(r))), r)
+    policy = ctx.check_attr("keep_aspect_ratio_policy", ctx.attr("keep_aspect_ratio_policy", "stretch"),
+                            ["stretch", "not_larger", "not_smaller"])
+    scales_v = ctx.const(scales_in) if scales_in is not None else None
+    sizes_v = ctx.const(sizes_in) if sizes_in is not None else None
+    if scales_in is not None and scales_v is None or sizes_in is not None and sizes_v is None:
+        raise ctx.error("scales and sizes must be constants")
+    scales = [1.0] * r
+    out = list(x.shape.lens)
+    if sizes_v is not None and sizes_v.size:
+        sizes = [int(s) for s in sizes_v.reshape(-1)]
+        if len(sizes) != len(axes):
+            raise ctx.error(f"sizes has {len(sizes)} values for {len(axes)} axes")
+        if policy != "stretch":
+            ratios = [sizes[i] / x.shape.lens[a] for i, a in enumerate(axes)]
+            s = min(ratios) if policy == "not_larger" else max(ratios)
+            for a in axes:
+                out[a] = int(math.floor(x.shape.lens[a] * s + 0.5))
+                scales[a] = s
+        else:
+            for i, a in enumerate(axes):
+                out[a] = sizes[i]
+                scales[a] = sizes[i] / x.shape.lens[a]
+    elif scales_v is not None and scales_v.size:
+        sv = [float(s) for s in scales_v.reshape(-1)]
+        if len(sv) != len(axes):
+            raise ctx.error(f"scales has {len(sv)} values for {len(axes)} axes")
+        for i, a in enumerate(axes):
+            if sv[i] <= 0:
+                raise ctx.error(f"scales must be positive, got {sv}")
+            scales[a] = sv[i]
+            out[a] = int(math.floor(x.shape.lens[a] * sv[i]))
+    else:
+        raise ctx.error("needs scales or sizes")
+    op = movement.Resize(out, scales, mode, coord, ctx.attr("nearest_mode", "round_prefer_floor"),
+                         ctx.attr("cubic_coeff_a", -0.75), bool(ctx.attr("exclude_outside", 0)))
+    ctx.check_attr("nearest_mode", op.nearest_mode, ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+    return ctx.add(op, [x])
+
+
+@onnx_op("Pad")
+def parse_pad(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    r = x.shape.ndim
+    mode = ctx.check_attr("mode", ctx.attr("mode", "constant"), ["constant", "reflect", "edge", "wrap"])
+    if ctx.opset < 11:
+        pads, value = list(ctx.attr("pads")), float(ctx.attr("value", 0.0))
+        axes = list(range(r))
+    else:
+        pads = [int(p) for p in ctx.require_const(ins[1], "pads").reshape(-1)]
+        cv = ctx.const(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+        if len(ins) > 2 and ins[2] is not None and cv is None:
+            raise ctx.error("constant_value must be a constant")
+        value = float(cv.reshape(-1)[0]) if cv is not None and cv.size else 0.0
+        axes = ctx.axes([int(a) for a in ctx.require_const(ins[3], "axes").reshape(-1)], r) \
+            if len(ins) > 3 and ins[3] is not None else list(range(r))
+    if len(pads) != 2 * len(axes):
+        raise ctx.error(f"pads has {len(pads)} values for {len(axes)} axes")
+    full = [0] * (2 * r)
+    for i, a in enumerate(axes):
+        full[a], full[a + r] = pads[i], pads[i + len(axes)]
+    if not any(full):
+        return x
+    return ctx.add(movement.Pad(full, mode, value), [x])

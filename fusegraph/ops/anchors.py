@@ -1,0 +1,173 @@
+"""Anchor operators: convolution, dot and pooling.
+
+Anchors carry most of the work of a network and host fused epilogues. Their references
+accumulate in float32 (float64 for float64 inputs), as the GPU kernels do, and cast back to
+the input type at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from fusegraph.ir.shape import Shape
+from fusegraph.ops.base import Op, OpKind, register, require
+
+
+def _acc_type(dtype: np.dtype) -> type:
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+def window_out_len(n: int, k: int, stride: int, dilation: int, pad_begin: int, pad_end: int, ceil_mode: bool = False) -> int:
+    """Output length of a sliding window: floor (or ceil) of (n + pads - effective k) / stride + 1."""
+    span = n + pad_begin + pad_end - (dilation * (k - 1) + 1)
+    if span < 0:
+        return 0
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= n + pad_begin:
+        out -= 1  # the last window must start inside the input or the begin padding
+    return out
+
+
+def _windows(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+             out_lens: Sequence[int]) -> np.ndarray:
+    """View of shape x.shape[:2] + out_lens + kernel: every window position and tap (x already padded)."""
+    spatial = tuple(range(2, x.ndim))
+    eff = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
+    w = sliding_window_view(x, eff, axis=spatial)
+    idx = (slice(None), slice(None))
+    idx += tuple(slice(0, o * s, s) for o, s in zip(out_lens, stride))
+    idx += tuple(slice(None, None, d) for d in dilation)
+    return w[idx]
+
+
+@register
+class Convolution(Op):
+    """N-d convolution of x [N, C, *spatial] with w [M, C/group, *kernel]; padding is begins then ends."""
+
+    name = "convolution"
+    kind = OpKind.ANCHOR
+
+    def __init__(self, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], group: int = 1) -> None:
+        super().__init__(padding=tuple(padding), stride=tuple(stride), dilation=tuple(dilation), group=int(group))
+
+    def out_spatial(self, x: Sequence[int], kernel: Sequence[int]) -> list[int]:
+        k = len(kernel)
+        p = self.padding
+        return [window_out_len(x[i], kernel[i], self.stride[i], self.dilation[i], p[i], p[i + k]) for i in range(k)]
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        x, w = inputs
+        k = x.ndim - 2
+        require(x.ndim >= 3 and w.ndim == x.ndim, f"input rank {x.ndim} and weight rank {w.ndim} must match (>= 3)")
+        require(len(self.padding) == 2 * k and len(self.stride) == k and len(self.dilation) == k,
+                "padding, stride and dilation must match the spatial rank")
+        require(x.lens[1] == w.lens[1] * self.group, f"input channels {x.lens[1]} != weight channels {w.lens[1]} x group {self.group}")
+        require(w.lens[0] % self.group == 0, f"output channels {w.lens[0]} not divisible by group {self.group}")
+        require(x.dtype == w.dtype, f"input type {x.dtype} != weight type {w.dtype}")
+        out = self.out_spatial(x.lens[2:], w.lens[2:])
+        require(all(o > 0 for o in out), f"kernel larger than padded input (output {out})")
+        return Shape.of(x.dtype, [x.lens[0], w.lens[0], *out])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x, w = args
+        acc = _acc_type(x.dtype)
+        k = x.ndim - 2
+        kernel = w.shape[2:]
+        out = self.out_spatial(x.shape[2:], kernel)
+        pads = [(0, 0), (0, 0)] + [(self.padding[i], self.padding[i + k]) for i in range(k)]
+        xp = np.pad(x.astype(acc), pads)
+        win = _windows(xp, kernel, self.stride, self.dilation, out)  # N, C, *out, *kernel
+        n, g = x.shape[0], self.group
+        cg, mg = x.shape[1] // g, w.shape[0] // g
+        res = np.empty((n, w.shape[0], math.prod(out)), dtype=acc)
+        order = (0,) + tuple(range(2, 2 + k)) + (1,) + tuple(range(2 + k, 2 + 2 * k))
+        for gi in range(g):
+            cols = win[:, gi * cg:(gi + 1) * cg].transpose(order).reshape(n * math.prod(out), -1)
+            wg = w[gi * mg:(gi + 1) * mg].astype(acc).reshape(mg, -1)
+            res[:, gi * mg:(gi + 1) * mg] = (cols @ wg.T).reshape(n, math.prod(out), mg).transpose(0, 2, 1)
+        return res.reshape(n, w.shape[0], *out).astype(x.dtype)
+
+
+@register
+class Dot(Op):
+    """Batched matrix product [..., M, K] x [..., K, N]; batch dims equal (the importer broadcasts)."""
+
+    name = "dot"
+    kind = OpKind.ANCHOR
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        a, b = inputs
+        require(a.ndim >= 2 and a.ndim == b.ndim, f"dot needs equal ranks >= 2, got {a.ndim} and {b.ndim}")
+        require(a.lens[:-2] == b.lens[:-2], f"batch dims differ: {list(a.lens[:-2])} vs {list(b.lens[:-2])}")
+        require(a.lens[-1] == b.lens[-2], f"inner dims differ: {a.lens[-1]} vs {b.lens[-2]}")
+        require(a.dtype == b.dtype, f"operand types differ: {a.dtype} vs {b.dtype}")
+        return Shape.of(a.dtype, [*a.lens[:-1], b.lens[-1]])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        a, b = args
+        acc = _acc_type(a.dtype) if a.dtype.kind == "f" else np.int64
+        return np.matmul(a.astype(acc), b.astype(acc)).astype(a.dtype)
+
+
+@register
+class Pooling(Op):
+    """Max or average pooling over the spatial dims of [N, C, *spatial]."""
+
+    name = "pooling"
+    kind = OpKind.ANCHOR
+
+    def __init__(self, mode: str, lengths: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                 dilation: Sequence[int] | None = None, ceil_mode: bool = False, count_include_pad: bool = False) -> None:
+        dilation = tuple(dilation) if dilation is not None else (1,) * len(lengths)
+        super().__init__(mode=mode, lengths=tuple(lengths), stride=tuple(stride), padding=tuple(padding),
+                         dilation=dilation, ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
+
+    def out_spatial(self, x: Sequence[int]) -> list[int]:
+        k = len(self.lengths)
+        p = self.padding
+        return [window_out_len(x[i], self.lengths[i], self.stride[i], self.dilation[i], p[i], p[i + k], self.ceil_mode)
+                for i in range(k)]
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        k = len(self.lengths)
+        require(self.mode in ("max", "average"), f"unknown pooling mode {self.mode!r}")
+        require(x.ndim == k + 2, f"input rank {x.ndim} does not match a {k}-d window")
+        require(len(self.padding) == 2 * k and len(self.stride) == k, "padding and stride must match the window rank")
+        out = self.out_spatial(x.lens[2:])
+        require(all(o > 0 for o in out), f"window larger than padded input (output {out})")
+        return Shape.of(x.dtype, [*x.lens[:2], *out])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        (x,) = args
+        k = len(self.lengths)
+        out = self.out_spatial(x.shape[2:])
+        # extra end padding so every (ceil mode) window fits; it never counts as data
+        extra = []
+        for i in range(k):
+            need = (out[i] - 1) * self.stride[i] + self.dilation[i] * (self.lengths[i] - 1) + 1
+            have = x.shape[2 + i] + self.padding[i] + self.padding[i + k]
+            extra.append(max(0, need - have))
+        pads = [(0, 0), (0, 0)] + [(self.padding[i], self.padding[i + k] + extra[i]) for i in range(k)]
+        acc = _acc_type(x.dtype) if x.dtype.kind == "f" else x.dtype
+        if self.mode == "max":
+            fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+            xp = np.pad(x.astype(acc), pads, constant_values=fill)
+            win = _windows(xp, self.lengths, self.stride, self.dilation, out)
+            return win.max(axis=tuple(range(2 + k, 2 + 2 * k))).astype(x.dtype)
+        xp = np.pad(x.astype(acc), pads)
+        win = _windows(xp, self.lengths, self.stride, self.dilation, out)
+        total = win.sum(axis=tuple(range(2 + k, 2 + 2 * k)))
+        if self.count_include_pad:
+            mask_pads = [(0, 0), (0, 0)] + [(0, extra[i]) for i in range(k)]
+            ones = np.pad(np.ones((1, 1, *(x.shape[2 + i] + self.padding[i] + self.padding[i + k] for i in range(k))), acc), mask_pads)
+            mwin = _windows(ones, self.lengths, self.stride, self.dilation, out)
+        else:
+            ones = np.pad(np.ones((1, 1, *x.shape[2:]), acc), pads)
+            mwin = _windows(ones, self.lengths, self.stride, self.dilation, out)
+        count = mwin.sum(axis=tuple(range(2 + k, 2 + 2 * k)))
+        return (total / count).astype(x.dtype)

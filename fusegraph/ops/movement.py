@@ -1,0 +1,226 @@
+"""Data movement that is not a view: concat, gather, pad, resize, plus LRN.
+
+These read their inputs at data-dependent or piecewise positions. The fusion passes can
+still remove a concat (producers write into their slice of its buffer); the rest run as
+kernels of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from fusegraph.ir.shape import Shape
+from fusegraph.ops.base import Op, OpKind, register, require
+
+
+@register
+class Concat(Op):
+    name = "concat"
+    kind = OpKind.MOVE
+
+    def __init__(self, axis: int) -> None:
+        super().__init__(axis=int(axis))
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        require(len(inputs) >= 1, "concat needs at least one input")
+        first = inputs[0]
+        a = self.axis
+        require(0 <= a < first.ndim, f"concat axis {a} out of range for rank {first.ndim}")
+        for s in inputs[1:]:
+            require(s.ndim == first.ndim and all(x == y for i, (x, y) in enumerate(zip(s.lens, first.lens)) if i != a),
+                    f"inputs {list(first.lens)} and {list(s.lens)} differ off the concat axis {a}")
+            require(s.dtype == first.dtype, f"input types differ: {first.dtype} vs {s.dtype}")
+        lens = list(first.lens)
+        lens[a] = sum(s.lens[a] for s in inputs)
+        return Shape.of(first.dtype, lens)
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        return np.concatenate(args, axis=self.axis)
+
+
+@register
+class Gather(Op):
+    """ONNX Gather: out[..., idx..., ...] = data[..., indices[idx], ...] along `axis`."""
+
+    name = "gather"
+    kind = OpKind.MOVE
+
+    def __init__(self, axis: int) -> None:
+        super().__init__(axis=int(axis))
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        data, idx = inputs
+        a = self.axis
+        require(0 <= a < data.ndim, f"gather axis {a} out of range for rank {data.ndim}")
+        require(idx.dtype.is_integer, f"indices must be integers, got {idx.dtype}")
+        return Shape.of(data.dtype, [*data.lens[:a], *idx.lens, *data.lens[a + 1:]])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        data, idx = args
+        n = data.shape[self.axis]
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"gather index out of range [{-n}, {n})")
+        return np.take(data, np.where(idx < 0, idx + n, idx), axis=self.axis)
+
+
+@register
+class Pad(Op):
+    """Pad with a constant, by reflection or by repeating the edge; pads are begins then ends."""
+
+    name = "pad"
+    kind = OpKind.MOVE
+
+    def __init__(self, pads: Sequence[int], mode: str = "constant", value: float = 0.0) -> None:
+        super().__init__(pads=tuple(int(p) for p in pads), mode=mode, value=float(value))
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        r = x.ndim
+        require(len(self.pads) == 2 * r, f"pads has {len(self.pads)} values for rank {r}")
+        require(self.mode in ("constant", "reflect", "edge", "wrap"), f"unknown pad mode {self.mode!r}")
+        lens = [n + self.pads[i] + self.pads[i + r] for i, n in enumerate(x.lens)]
+        require(all(n >= 0 for n in lens), f"negative output size {lens}")
+        return Shape.of(x.dtype, lens)
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        (x,) = args
+        r = x.ndim
+        # negative pads crop
+        crop = tuple(slice(max(0, -self.pads[i]), x.shape[i] - max(0, -self.pads[i + r])) for i in range(r))
+        x = x[crop]
+        pads = [(max(0, self.pads[i]), max(0, self.pads[i + r])) for i in range(r)]
+        if self.mode == "constant":
+            return np.pad(x, pads, mode="constant", constant_values=np.array(self.value).astype(x.dtype))
+        return np.pad(x, pads, mode=self.mode)
+
+
+@register
+class Resize(Op):
+    """Nearest or (multi)linear resize of every axis to `out_lens`.
+
+    `scales` are the factors the coordinate transform uses (ONNX uses the given scales, not
+    out/in, when scales were given), one per axis.
+    """
+
+    name = "resize"
+    kind = OpKind.MOVE
+
+    def __init__(self, out_lens: Sequence[int], scales: Sequence[float], mode: str = "nearest",
+                 coordinate_transformation_mode: str = "half_pixel", nearest_mode: str = "round_prefer_floor",
+                 cubic_coeff_a: float = -0.75, exclude_outside: bool = False) -> None:
+        super().__init__(out_lens=tuple(int(x) for x in out_lens), scales=tuple(float(s) for s in scales), mode=mode,
+                         coordinate_transformation_mode=coordinate_transformation_mode, nearest_mode=nearest_mode,
+                         cubic_coeff_a=float(cubic_coeff_a), exclude_outside=bool(exclude_outside))
+
+    def attr_text(self) -> str:
+        text = f"mode={self.mode},out_lens={{{','.join(map(str, self.out_lens))}}}"
+        text += f",coordinate_transformation_mode={self.coordinate_transformation_mode}"
+        return text + (f",nearest_mode={self.nearest_mode}" if self.mode == "nearest" else "")
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        require(len(self.out_lens) == x.ndim, f"resize needs {x.ndim} output sizes, got {len(self.out_lens)}")
+        require(self.mode in ("nearest", "linear", "cubic"), f"unknown resize mode {self.mode!r}")
+        return Shape.of(x.dtype, self.out_lens)
+
+    def source_coords(self, axis: int, in_len: int) -> np.ndarray:
+        """For each output position along `axis`, the (fractional) input coordinate it maps to."""
+        out_len = self.out_lens[axis]
+        scale = self.scales[axis]
+        o = np.arange(out_len, dtype=np.float64)
+        mode = self.coordinate_transformation_mode
+        if mode == "half_pixel":
+            return (o + 0.5) / scale - 0.5
+        if mode == "pytorch_half_pixel":
+            return (o + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(o)
+        if mode == "align_corners":
+            return o * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros_like(o)
+        if mode == "asymmetric":
+            return o / scale
+        if mode == "half_pixel_symmetric":
+            adj = out_len / (in_len * scale)
+            center = in_len / 2
+            offset = center * (1 - adj)
+            return offset + (o + 0.5) / scale - 0.5
+        raise ValueError(f"unsupported coordinate_transformation_mode {mode!r}")
+
+    def _nearest(self, c: np.ndarray, n: int) -> np.ndarray:
+        m = self.nearest_mode
+        if m == "round_prefer_floor":
+            i = np.where(c - np.floor(c) == 0.5, np.floor(c), np.round(c))
+        elif m == "round_prefer_ceil":
+            i = np.where(c - np.floor(c) == 0.5, np.ceil(c), np.round(c))
+        elif m == "floor":
+            i = np.floor(c)
+        elif m == "ceil":
+            i = np.ceil(c)
+        else:
+            raise ValueError(f"unsupported nearest_mode {m!r}")
+        return np.clip(i, 0, n - 1).astype(np.int64)
+
+    def _cubic_weights(self, t: np.ndarray) -> np.ndarray:
+        a = self.cubic_coeff_a
+        d = np.stack([t + 1, t, 1 - t, 2 - t], axis=-1)
+        ad = np.abs(d)
+        return np.where(ad <= 1, ((a + 2) * ad - (a + 3)) * ad * ad + 1,
+                        np.where(ad < 2, ((a * ad - 5 * a) * ad + 8 * a) * ad - 4 * a, 0.0))
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0]
+        y = x.astype(np.float64) if self.mode != "nearest" else x
+        for axis in range(x.ndim):
+            n = x.shape[axis]
+            if self.out_lens[axis] == n and self.scales[axis] == 1.0:
+                continue
+            c = self.source_coords(axis, n)
+            if self.mode == "nearest":
+                y = np.take(y, self._nearest(c, n), axis=axis)
+                continue
+            if self.mode == "linear":
+                c = np.clip(c, 0, n - 1)
+                i0 = np.floor(c).astype(np.int64)
+                i1 = np.minimum(i0 + 1, n - 1)
+                t = c - i0
+                shape = [1] * x.ndim
+                shape[axis] = -1
+                t = t.reshape(shape)
+                y = np.take(y, i0, axis=axis) * (1 - t) + np.take(y, i1, axis=axis) * t
+                continue
+            f = np.floor(c)
+            w = self._cubic_weights(c - f)
+            idx = f.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
+            if self.exclude_outside:
+                w = np.where((idx >= 0) & (idx < n), w, 0.0)
+                w = w / w.sum(axis=1, keepdims=True)
+            idx = np.clip(idx, 0, n - 1)
+            moved = np.moveaxis(y, axis, -1)
+            y = np.moveaxis((moved[..., idx] * w).sum(axis=-1), -1, axis)
+        return np.asarray(y).astype(x.dtype)
+
+
+@register
+class LRN(Op):
+    """Local response normalization across channels: x / (bias + alpha/size * sum(x^2))^beta."""
+
+    name = "lrn"
+    kind = OpKind.REDUCE
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0) -> None:
+        super().__init__(size=int(size), alpha=float(alpha), beta=float(beta), bias=float(bias))
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        require(x.ndim >= 3, f"LRN needs [N, C, ...], got rank {x.ndim}")
+        return x.as_standard()
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0].astype(np.float64)
+        c = x.shape[1]
+        sq = x * x
+        lo, hi = (self.size - 1) // 2, math.ceil((self.size - 1) / 2)
+        pad = np.pad(sq, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
+        s = sum(pad[:, i:i + c] for i in range(self.size))
+        return (x / (self.bias + self.alpha / self.size * s) ** self.beta).astype(args[0].dtype)

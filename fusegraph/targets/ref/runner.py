@@ -1,0 +1,79 @@
+"""The NumPy reference target: runs any Program, fused or not, one instruction at a time.
+
+It is the oracle of every test, so it stays simple: each op's own `reference`, values freed
+after their last reader, no layout tricks (views are computed as NumPy views).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from fusegraph.errors import InputError
+from fusegraph.ir.program import Instruction, Module, Program
+from fusegraph.ir.shape import Shape
+
+
+def check_inputs(params: Mapping[str, Shape], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Match run-time inputs to the program's parameters by name, shape and dtype.
+
+    Scalars and lists are accepted and converted; anything that would need a silent cast or
+    reshape is an InputError that names the input.
+    """
+    unknown = sorted(set(inputs) - set(params))
+    missing = sorted(set(params) - set(inputs))
+    if unknown or missing:
+        parts = []
+        if unknown:
+            parts.append(f"unknown input(s) {', '.join(map(repr, unknown))}")
+        if missing:
+            parts.append(f"missing input(s) {', '.join(map(repr, missing))}")
+        raise InputError(f"{'; '.join(parts)}; the program expects: " +
+                         ", ".join(f"{k} {list(s.lens)} {s.dtype.numpy.name}" for k, s in params.items()))
+    out: dict[str, np.ndarray] = {}
+    for name, shape in params.items():
+        value = inputs[name]
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        want = shape.dtype.numpy
+        if arr.dtype != want:
+            raise InputError(f"input {name!r} has dtype {arr.dtype.name}, expected {want.name}")
+        if tuple(arr.shape) != shape.lens:
+            raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected {list(shape.lens)}")
+        out[name] = arr
+    return out
+
+
+def run_module(module: Module, args: Mapping[Instruction, np.ndarray] | None = None,
+               params: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """Evaluate `module`; parameters come from `args` (by instruction) or `params` (by name)."""
+    args = dict(args or {})
+    params = params or {}
+    last_use: dict[int, int] = {}
+    for k, ins in enumerate(module.instructions):
+        for x in ins.inputs:
+            last_use[id(x)] = k
+    keep = {id(r) for r in module.returns}
+    values: dict[int, np.ndarray] = {}
+    with np.errstate(all="ignore"):
+        for k, ins in enumerate(module.instructions):
+            if ins in args:
+                values[id(ins)] = args[ins]
+            elif ins.op.name == "@param":
+                values[id(ins)] = params[ins.op.attrs["name"]]
+            else:
+                try:
+                    values[id(ins)] = ins.op.reference([values[id(x)] for x in ins.inputs])
+                except KeyError:
+                    raise RuntimeError(f"instruction {ins.op} reads a value that is not computed yet") from None
+            for x in ins.inputs:
+                if last_use.get(id(x)) == k and id(x) not in keep:
+                    values.pop(id(x), None)
+    return [values[id(r)] for r in module.returns]
+
+
+def run_program(program: Program, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Run the main module with checked inputs; returns outputs by their ONNX names."""
+    checked = check_inputs(program.input_shapes, inputs)
+    results = run_module(program.main, params=checked)
+    return {name: np.ascontiguousarray(v) for name, v in zip(program.main.return_names, results)}
