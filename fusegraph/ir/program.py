@@ -74,12 +74,16 @@ class Module:
         return ins
 
     def add_literal(self, value: np.ndarray | float | int, dtype: DType | None = None, origin: str = "") -> Instruction:
+        ins = self.make_literal(value, dtype, origin)
+        self._append(ins)
+        return ins
+
+    def make_literal(self, value: np.ndarray | float | int, dtype: DType | None = None, origin: str = "") -> Instruction:
+        """A literal instruction, not yet placed in the module."""
         from fusegraph.ops.source import Literal
 
         arr = np.asarray(value, dtype=dtype.numpy if dtype else None)
-        ins = Instruction(Literal(arr), [], Shape.of(DType.from_numpy(arr.dtype), arr.shape), origin)
-        self._append(ins)
-        return ins
+        return Instruction(Literal(arr), [], Shape.of(DType.from_numpy(arr.dtype), arr.shape), origin)
 
     def insert_before(self, anchor: Instruction, ins: Instruction) -> Instruction:
         ins.module = self

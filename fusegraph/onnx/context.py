@@ -15,10 +15,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from fusegraph.errors import ParseError
+from fusegraph.errors import DynamicValueError, ParseError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import Op
+from fusegraph.passes.constant_propagation import fold, foldable
 
 ONNX_TO_DTYPE: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.float32,
@@ -32,11 +33,6 @@ ONNX_TO_DTYPE: dict[int, DType] = {
     onnx.TensorProto.UINT8: DType.uint8,
     onnx.TensorProto.BOOL: DType.bool,
 }
-
-#: Fold an all-constant node unless it would grow the model: output elements at most this,
-#: or at most the elements it reads.
-FOLD_LIMIT = 4096
-
 
 def onnx_dtype(code: int, where: str) -> DType:
     try:
@@ -98,11 +94,31 @@ class ImportContext:
         return None
 
     def require_const(self, ins: Instruction | None, what: str) -> np.ndarray:
+        """The value of `ins`, which sets a shape or an attribute and so must be known now.
+
+        Otherwise a DynamicValueError names the graph inputs the value depends on.
+        """
         value = self.const(ins)
         if value is None:
-            raise self.error(f"{what} must be a constant (or computable from input shapes); "
-                             "fix the input dimensions with --input-dim")
+            raise DynamicValueError(f"{self.where}: {what} must be a constant (or computable from input shapes); "
+                                    "fix the input dimensions with --input-dim", self.params_feeding(ins))
         return value
+
+    @staticmethod
+    def params_feeding(ins: Instruction | None) -> tuple[str, ...]:
+        """Names of the graph inputs that `ins` depends on."""
+        names: list[str] = []
+        seen: set[int] = set()
+        stack = [ins] if ins is not None else []
+        while stack:
+            x = stack.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            if x.op.name == "@param":
+                names.append(x.op.attrs["name"])
+            stack.extend(x.inputs)
+        return tuple(sorted(names))
 
     def literal(self, value: np.ndarray | float | int, dtype: DType | None = None) -> Instruction:
         return self.module.add_literal(value, dtype, origin=self.node.name if self.node else "")
@@ -112,16 +128,11 @@ class ImportContext:
         """Append an instruction; fold it into a literal when all its inputs are literals."""
         origin = self.node.name if self.node is not None else ""
         ins = self.module.add(op, inputs, origin=origin)
-        if inputs and all(x.op.name == "@literal" for x in inputs):
-            read = sum(x.shape.elements for x in inputs)
-            if ins.shape.elements <= max(FOLD_LIMIT, read):
-                with np.errstate(all="ignore"):
-                    try:
-                        value = op.reference([x.op.value for x in inputs])  # type: ignore[attr-defined]
-                    except (ValueError, IndexError) as e:
-                        raise self.error(str(e)) from None
-                self.module.remove(ins)
-                return self.literal(np.asarray(value, dtype=ins.shape.dtype.numpy).reshape(ins.shape.lens))
+        if foldable(ins):
+            try:
+                return fold(self.module, ins)
+            except (ValueError, IndexError) as e:
+                raise self.error(str(e)) from None
         return ins
 
     def broadcast(self, *xs: Instruction) -> list[Instruction]:

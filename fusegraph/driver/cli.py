@@ -1,0 +1,200 @@
+"""The `fusegraph` command line.
+
+Every command takes MODEL as a path to an .onnx file or a zoo name (`fusegraph zoo` lists
+them). User errors (bad file, unsupported op, wrong input) print one line and exit 2;
+`verify` exits 1 when a comparison fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from typing import Callable, Sequence
+
+import numpy as np
+
+from fusegraph.errors import FusegraphError
+
+EPILOG = "MODEL is a path to an .onnx file or a zoo name (see `fusegraph zoo`)."
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="an .onnx file or a zoo name")
+    p.add_argument("--input-dim", action="append", metavar="NAME:D0,D1,...",
+                   help="fix the dimensions of an input, e.g. images:1,3,640,640 (repeatable)")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="take an input from a .npy file (repeatable); others are random")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+
+
+def _load(args: argparse.Namespace):  # -> Program
+    from fusegraph import parse_onnx
+    from fusegraph.driver.inputs import parse_input_dims
+
+    return parse_onnx(args.model, input_dims=parse_input_dims(args.input_dim))
+
+
+def _fuse(program, args: argparse.Namespace) -> None:
+    if getattr(args, "fused", False):
+        from fusegraph.passes.pipeline import fuse
+
+        fuse(program)
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    program = _load(args)
+    print(program, end="")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fusegraph.driver.inputs import load_inputs
+
+    program = _load(args)
+    _fuse(program, args)
+    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    start = time.perf_counter()
+    outputs = program.run(inputs)
+    elapsed = time.perf_counter() - start
+    for name, value in outputs.items():
+        print(_summary(name, value))
+        if args.save:
+            np.save(f"{args.save.rstrip('/')}/{_safe(name)}.npy", value)
+    print(f"ran on the ref target in {elapsed * 1e3:.1f} ms")
+    return 0
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _summary(name: str, v: np.ndarray) -> str:
+    head = f"{name}: {v.dtype.name} {list(v.shape)}"
+    if v.size == 0:
+        return head + " (empty)"
+    if v.dtype.kind in "fiub":
+        f = v.astype(np.float64)
+        finite = np.isfinite(f)
+        stats = f"min {np.nanmin(f):.6g}, max {np.nanmax(f):.6g}, mean {np.nanmean(f):.6g}, std {np.nanstd(f):.6g}"
+        bad = f", {np.count_nonzero(~finite)} non-finite" if not finite.all() else ""
+        first = ", ".join(f"{x:.6g}" for x in f.reshape(-1)[:5])
+        return f"{head} {stats}{bad}; first: [{first}{', ...' if v.size > 5 else ''}]"
+    return head
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.verify import compare, run_onnxruntime
+    from fusegraph.onnx.loader import load_model
+
+    model = load_model(args.model)
+    program = _load(argparse.Namespace(**{**vars(args), "model": model}))
+    label = "ref target"
+    if args.fused:
+        _fuse(program, args)
+        label += ", fused"
+    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    ours = program.run(inputs)
+    theirs = run_onnxruntime(model.SerializeToString(), inputs)
+    print(f"fusegraph ({label}) vs ONNX Runtime (CPU), seed {args.seed}:")
+    ok = True
+    for name, value in ours.items():
+        c = compare(name, value, theirs[name], args.tolerance)
+        print("  " + c.line())
+        ok &= c.passed
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from fusegraph.passes.pipeline import compile_program
+
+    program = _load(args)
+    report = compile_program(program, trace=args.trace_passes, out=sys.stdout)
+    if args.print:
+        print(program, end="")
+    print(report)
+    return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    from fusegraph import zoo
+
+    for name in zoo.names():
+        print(f"{name:24s} {zoo.describe(name)}")
+    return 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from fusegraph.onnx.importer import supported_onnx_ops
+
+    ops = supported_onnx_ops()
+    print(f"{len(ops)} supported ONNX ops:")
+    print("  " + ", ".join(ops))
+    return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "read": (cmd_read, "parse a model and print its program (one line per instruction, lens and strides)"),
+    "compile": (cmd_compile, "run the fusion passes and report the fused kernels"),
+    "run": (cmd_run, "run a model on the NumPy reference target and summarize its outputs"),
+    "verify": (cmd_verify, "compare the reference target with ONNX Runtime on the same random inputs"),
+    "zoo": (cmd_zoo, "list the models built into fusegraph"),
+    "ops": (cmd_ops, "list the supported ONNX ops"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fusegraph", description="An ONNX inference compiler that fuses "
+                                     "convolutions and matrix products with pointwise ops and layout changes.",
+                                     epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (fn, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)
+        p.set_defaults(func=fn)
+        if name in ("read", "compile", "run", "verify"):
+            _model_args(p)
+        if name in ("run", "verify"):
+            _run_args(p)
+            p.add_argument("--fused", action="store_true", help="run the fused program (after the fusion passes)")
+        if name == "run":
+            p.add_argument("--save", metavar="DIR", help="save each output as DIR/NAME.npy")
+        if name == "verify":
+            p.add_argument("--tolerance", type=float, default=1e-5,
+                           help="largest relative norm error that passes (default 1e-5)")
+        if name == "compile":
+            p.add_argument("--print", action="store_true", help="print the fused program")
+            p.add_argument("--trace-passes", action="store_true",
+                           help="print the program after each pass and the time each pass took")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            code = args.func(args)
+        except FusegraphError as e:
+            _flush_warnings(caught)
+            print(f"fusegraph: error: {e}", file=sys.stderr)
+            return 2
+        except BrokenPipeError:
+            return 0
+    _flush_warnings(caught)
+    return code
+
+
+def _flush_warnings(caught: list[warnings.WarningMessage]) -> None:
+    for w in caught:
+        if issubclass(w.category, UserWarning):
+            print(f"fusegraph: warning: {w.message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Folding per-channel affine ops into convolution and dot weights.
+
+`conv(x, W) -> batch_norm` and `conv(x, W) * s` (s a scalar or per-output-channel literal)
+become `conv(x, W') (+ b')` with the scale baked into the weights at compile time, so the
+kernel does no extra work and the epilogue keeps only the bias add. Applies when the anchor's
+weights are a literal and the anchor has no other reader.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import make_op
+from fusegraph.ops.views import MultiBroadcast
+
+
+def broadcast_literal(ins: Instruction) -> np.ndarray | None:
+    """The value of a literal seen through its broadcast, at the broadcast's rank (size-1 dims kept)."""
+    if ins.op.name == "@literal":
+        return ins.op.value  # type: ignore[attr-defined]
+    if ins.op.name == "multibroadcast" and ins.inputs[0].op.name == "@literal":
+        v = ins.inputs[0].op.value  # type: ignore[attr-defined]
+        return v.reshape((1,) * (ins.shape.ndim - v.ndim) + v.shape)
+    return None
+
+
+def per_channel(value: np.ndarray | None, rank: int, axis: int, channels: int) -> np.ndarray | None:
+    """`value` as a vector over `axis` if it varies along that axis only (or nowhere)."""
+    if value is None or value.ndim != rank:
+        return None
+    if any(n != 1 for i, n in enumerate(value.shape) if i != axis):
+        return None
+    return np.broadcast_to(value.reshape(-1), (channels,)) if value.shape[axis] in (1, channels) else None
+
+
+def _only_reader(users: dict[Instruction, list[Instruction]], ins: Instruction, module: Module) -> bool:
+    return len(users.get(ins, [])) == 1 and ins not in module.returns
+
+
+def _anchor_weights(anchor: Instruction) -> tuple[np.ndarray, int] | None:
+    """The literal weights and the axis of output channels in them."""
+    if anchor.op.name == "convolution" and anchor.inputs[1].op.name == "@literal":
+        return anchor.inputs[1].op.value, 0  # type: ignore[attr-defined]
+    if anchor.op.name == "dot" and anchor.inputs[1].op.name == "@literal":
+        return anchor.inputs[1].op.value, anchor.inputs[1].shape.ndim - 1  # type: ignore[attr-defined]
+    return None
+
+
+def _channel_axis(anchor: Instruction) -> int:
+    return 1 if anchor.op.name == "convolution" else anchor.shape.ndim - 1
+
+
+def _rescale(module: Module, anchor: Instruction, scale: np.ndarray) -> Instruction:
+    weights, axis = _anchor_weights(anchor)  # type: ignore[misc]
+    shape = [1] * weights.ndim
+    shape[axis] = -1
+    acc = np.float64
+    new_w = (weights.astype(acc) * scale.astype(acc).reshape(shape)).astype(weights.dtype)
+    lit = module.make_literal(new_w, origin=anchor.inputs[1].origin)
+    module.insert_before(anchor, lit)
+    new = module.make(anchor.op, [anchor.inputs[0], lit], anchor.origin)
+    module.insert_before(anchor, new)
+    return new
+
+
+def _add_bias(module: Module, before: Instruction, out: Instruction, bias: np.ndarray, axis: int) -> Instruction:
+    shape = [1] * out.shape.ndim
+    shape[axis] = -1
+    lit = module.make_literal(bias.astype(out.shape.dtype.numpy).reshape(shape), origin=before.origin)
+    module.insert_before(before, lit)
+    b = module.make(MultiBroadcast(out.shape.lens), [lit], before.origin)
+    module.insert_before(before, b)
+    add = module.make(make_op("add"), [out, b], before.origin)
+    module.insert_before(before, add)
+    return add
+
+
+class FoldIntoWeights:
+    name = "fold_into_weights"
+
+    def apply(self, module: Module) -> bool:
+        changed = False
+        for ins in list(module.instructions):
+            if ins not in module.instructions:
+                continue
+            users = module.users()
+            if ins.op.name == "batch_norm":
+                changed |= self._fold_batch_norm(module, ins, users)
+            elif ins.op.name == "mul":
+                changed |= self._fold_scale(module, ins, users)
+        if changed:
+            from fusegraph.passes.dead_code import DeadCodeElimination
+
+            DeadCodeElimination().apply(module)
+        return changed
+
+    def _fold_batch_norm(self, module: Module, bn: Instruction, users: dict) -> bool:
+        x = bn.inputs[0]
+        bias0 = None
+        anchor = x
+        if x.op.name == "add" and _only_reader(users, x, module):
+            anchor, bias0 = x.inputs[0], broadcast_literal(x.inputs[1])
+            if bias0 is None:
+                return False
+        if _anchor_weights(anchor) is None or not _only_reader(users, anchor, module):
+            return False
+        axis, channels = _channel_axis(anchor), anchor.shape.lens[_channel_axis(anchor)]
+        if axis != 1:
+            return False  # batch_norm normalizes axis 1
+        params = [per_channel(broadcast_literal(p), bn.shape.ndim, axis, channels) for p in bn.inputs[1:]]
+        b0 = per_channel(bias0, bn.shape.ndim, axis, channels) if bias0 is not None else np.zeros(channels)
+        if any(p is None for p in params) or b0 is None:
+            return False
+        scale, beta, mean, var = (p.astype(np.float64) for p in params)  # type: ignore[union-attr]
+        s = scale / np.sqrt(var + bn.op.epsilon)  # type: ignore[attr-defined]
+        new = _rescale(module, anchor, s)
+        out = _add_bias(module, bn, new, (b0.astype(np.float64) - mean) * s + beta, axis)
+        module.replace_uses(bn, out)
+        return True
+
+    def _fold_scale(self, module: Module, mul: Instruction, users: dict) -> bool:
+        anchor, factor = mul.inputs
+        value = broadcast_literal(factor)
+        if value is None:
+            anchor, factor = factor, anchor
+            value = broadcast_literal(factor)
+        if value is None or _anchor_weights(anchor) is None or not _only_reader(users, anchor, module):
+            return False
+        axis = _channel_axis(anchor)
+        s = per_channel(value, mul.shape.ndim, axis, anchor.shape.lens[axis])
+        if s is None:
+            return False
+        new = _rescale(module, anchor, s)
+        module.replace_uses(mul, new)
+        return True
