@@ -24,6 +24,19 @@ class ParseError(FusegraphError):
     """An ONNX node is malformed: a bad attribute, a missing input, a non-constant shape."""
 
 
+class DynamicValueError(ParseError):
+    """A value that must be known when the model is compiled (a Reshape target, Slice bounds,
+    reduction axes, resize scales, ...) is computed at run time.
+
+    fusegraph compiles for fixed shapes. `inputs` names the graph inputs the value depends on, so a
+    caller that knows their values (the ONNX backend, at run time) can fix them and parse again.
+    """
+
+    def __init__(self, message: str, inputs: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.inputs = inputs
+
+
 class ShapeError(FusegraphError):
     """Shape inference failed for an instruction; the message names the node and its input shapes."""
 

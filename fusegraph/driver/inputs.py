@@ -26,13 +26,14 @@ def parse_input_dims(specs: Sequence[str] | None) -> dict[str, list[int]]:
 
 
 def random_inputs(shapes: Mapping[str, Shape], seed: int = 0) -> dict[str, np.ndarray]:
-    """Fresh random inputs: floats N(0, 1), integers in [0, 10), booleans 50/50."""
+    """Fresh random inputs: floats uniform in [0, 1) (the range of normalized images), integers in
+    [0, 10), booleans 50/50."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
         dt = shape.dtype.numpy
         if shape.dtype.is_float:
-            out[name] = rng.standard_normal(shape.lens).astype(dt)
+            out[name] = rng.random(shape.lens).astype(dt)
         elif shape.dtype.is_integer:
             out[name] = rng.integers(0, 10, shape.lens).astype(dt)
         else:

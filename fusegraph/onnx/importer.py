@@ -38,8 +38,8 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     """
     model = load_model(source)
     graph = model.graph
-    opset = _opset(model)
     _check_supported(graph)
+    opset = _opset(model)
     program = Program()
     module = program.main
     ctx = ImportContext(module, opset)
@@ -128,8 +128,8 @@ def _input_shape(value_info: onnx.ValueInfoProto, override: Sequence[int] | None
         lens = [int(d) for d in override]
         if tt.HasField("shape") and len(lens) != len(declared):
             raise ParseError(f"input {name!r}: --input-dim gives rank {len(lens)} but the model declares rank {len(declared)}")
-        if any(d <= 0 for d in lens):
-            raise ParseError(f"input {name!r}: dimensions must be positive, got {lens}")
+        if any(d < 0 for d in lens):  # 0 is allowed: an empty tensor
+            raise ParseError(f"input {name!r}: dimensions must be non-negative, got {lens}")
         return Shape.of(dtype, lens)
     if any(d is None or d <= 0 for d in declared):
         fixed = [d if d and d > 0 else 1 for d in declared]

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import Op, OpKind, register, require
+from fusegraph.ops.base import Op, OpKind, is_float, register, require
 
 
 def _acc_type(dtype: np.dtype) -> type:
@@ -109,7 +109,7 @@ class Dot(Op):
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         a, b = args
-        acc = _acc_type(a.dtype) if a.dtype.kind == "f" else np.int64
+        acc = _acc_type(a.dtype) if is_float(a.dtype) else np.int64
         return np.matmul(a.astype(acc), b.astype(acc)).astype(a.dtype)
 
 
@@ -153,9 +153,9 @@ class Pooling(Op):
             have = x.shape[2 + i] + self.padding[i] + self.padding[i + k]
             extra.append(max(0, need - have))
         pads = [(0, 0), (0, 0)] + [(self.padding[i], self.padding[i + k] + extra[i]) for i in range(k)]
-        acc = _acc_type(x.dtype) if x.dtype.kind == "f" else x.dtype
+        acc = _acc_type(x.dtype) if is_float(x.dtype) else x.dtype
         if self.mode == "max":
-            fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+            fill = -np.inf if is_float(x.dtype) else np.iinfo(x.dtype).min
             xp = np.pad(x.astype(acc), pads, constant_values=fill)
             win = _windows(xp, self.lengths, self.stride, self.dilation, out)
             return win.max(axis=tuple(range(2 + k, 2 + 2 * k))).astype(x.dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Callable, ClassVar, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from fusegraph.ir.shape import Shape
@@ -100,6 +101,12 @@ def make_op(name: str, **attrs: Any) -> Op:
     except KeyError:
         raise KeyError(f"unknown op {name!r}") from None
     return cls(**attrs)
+
+
+def is_float(dtype: np.dtype | type) -> bool:
+    """Whether a NumPy dtype is floating point, bfloat16 included (ml_dtypes gives it kind 'V', not 'f')."""
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt == ml_dtypes.bfloat16
 
 
 def require(cond: bool, message: str | Callable[[], str]) -> None:

@@ -137,7 +137,9 @@ class Resize(Op):
         if mode == "pytorch_half_pixel":
             return (o + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(o)
         if mode == "align_corners":
-            return o * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros_like(o)
+            # ONNX (and ONNX Runtime) use the unrounded resized length in_len * scale here
+            resized = in_len * scale
+            return o * (in_len - 1) / (resized - 1) if resized != 1 else np.zeros_like(o)
         if mode == "asymmetric":
             return o / scale
         if mode == "half_pixel_symmetric":

@@ -15,7 +15,7 @@ import numpy as np
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import Op, OpKind, register, require
+from fusegraph.ops.base import Op, OpKind, is_float, register, require
 
 
 class PointwiseOp(Op):
@@ -138,6 +138,23 @@ _define("round", 1, _round_half_even, "libdevice.rint({0})")
 _define("sin", 1, np.sin, "tl.sin({0})")
 _define("cos", 1, np.cos, "tl.cos({0})")
 _define("sign", 1, np.sign, "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))")
+_define("tan", 1, np.tan, "libdevice.tan({0})")
+_define("asin", 1, np.arcsin, "libdevice.asin({0})")
+_define("acos", 1, np.arccos, "libdevice.acos({0})")
+_define("atan", 1, np.arctan, "libdevice.atan({0})")
+_define("sinh", 1, np.sinh, "libdevice.sinh({0})")
+_define("cosh", 1, np.cosh, "libdevice.cosh({0})")
+_define("asinh", 1, np.arcsinh, "libdevice.asinh({0})")
+_define("acosh", 1, np.arccosh, "libdevice.acosh({0})")
+_define("atanh", 1, np.arctanh, "libdevice.atanh({0})")
+# log(1 + e^x) without overflow for large x
+_define("softplus", 1, lambda a: np.logaddexp(a.dtype.type(0), a),
+        "(tl.maximum({0}, 0.0) + libdevice.log1p(tl.exp(-tl.abs({0}))))")
+_define("softsign", 1, lambda a: a / (a.dtype.type(1) + np.abs(a)), "({0} / (1.0 + tl.abs({0})))")
+_define("isnan", 1, np.isnan, "({0} != {0})", True)
+# ONNX Mod: the remainder takes the divisor's sign (integers only); Fmod takes the dividend's (C fmod)
+_define("mod", 2, np.mod, "((({0} % {1}) + {1}) % {1})")
+_define("fmod", 2, np.fmod, "({0} % {1})")
 
 
 @register
@@ -193,6 +210,80 @@ class HardSigmoid(PointwiseOp):
 
 
 @register
+class IsInf(PointwiseOp):
+    """Whether x is infinite; each sign can be switched off, as ONNX's attributes allow."""
+
+    name = "isinf"
+    result_bool = True
+    template = "(({0} == float('inf')) & {detect_positive} | ({0} == float('-inf')) & {detect_negative})"
+
+    def __init__(self, detect_negative: bool = True, detect_positive: bool = True) -> None:
+        super().__init__(detect_negative=bool(detect_negative), detect_positive=bool(detect_positive))
+
+    def fn(self, x: np.ndarray) -> np.ndarray:
+        return (np.isposinf(x) & self.detect_positive) | (np.isneginf(x) & self.detect_negative)
+
+
+@register
+class Elu(PointwiseOp):
+    """x for x > 0, else alpha * (e^x - 1); scaled by `gamma` it is also Selu."""
+
+    name = "elu"
+    template = "({gamma} * tl.where({0} > 0, {0}, {alpha} * (tl.exp({0}) - 1.0)))"
+
+    def __init__(self, alpha: float = 1.0, gamma: float = 1.0) -> None:
+        super().__init__(alpha=float(alpha), gamma=float(gamma))
+
+    def fn(self, x: np.ndarray) -> np.ndarray:
+        t = x.dtype.type
+        return t(self.gamma) * np.where(x > 0, x, t(self.alpha) * np.expm1(x))
+
+
+@register
+class Celu(PointwiseOp):
+    """max(0, x) + min(0, alpha * (e^(x/alpha) - 1))."""
+
+    name = "celu"
+    template = "(tl.maximum({0}, 0.0) + tl.minimum({alpha} * (tl.exp({0} / {alpha}) - 1.0), 0.0))"
+
+    def __init__(self, alpha: float = 1.0) -> None:
+        super().__init__(alpha=float(alpha))
+
+    def fn(self, x: np.ndarray) -> np.ndarray:
+        a = x.dtype.type(self.alpha)
+        return np.maximum(x, 0) + np.minimum(a * np.expm1(x / a), 0)
+
+
+@register
+class ThresholdedRelu(PointwiseOp):
+    name = "thresholded_relu"
+    template = "tl.where({0} > {alpha}, {0}, 0.0)"
+
+    def __init__(self, alpha: float = 1.0) -> None:
+        super().__init__(alpha=float(alpha))
+
+    def fn(self, x: np.ndarray) -> np.ndarray:
+        return np.where(x > x.dtype.type(self.alpha), x, x.dtype.type(0))
+
+
+@register
+class Shrink(PointwiseOp):
+    """x + bias below -lambd, x - bias above lambd, 0 between."""
+
+    name = "shrink"
+    template = "tl.where({0} < -{lambd}, {0} + {bias}, tl.where({0} > {lambd}, {0} - {bias}, 0.0))"
+
+    def __init__(self, bias: float = 0.0, lambd: float = 0.5) -> None:
+        super().__init__(bias=float(bias), lambd=float(lambd))
+
+    def fn(self, x: np.ndarray) -> np.ndarray:
+        # compare and shift in float64 so integer inputs follow the float attributes, then cast back
+        xf = x.astype(np.float64)
+        out = np.where(xf < -self.lambd, xf + self.bias, np.where(xf > self.lambd, xf - self.bias, 0.0))
+        return out.astype(x.dtype)
+
+
+@register
 class HardSwish(PointwiseOp):
     name = "hard_swish"
     template = "({0} * tl.minimum(tl.maximum({0} / 6.0 + 0.5, 0.0), 1.0))"
@@ -217,7 +308,7 @@ class Convert(PointwiseOp):
 
     def fn(self, x: np.ndarray) -> np.ndarray:
         target = self.attrs["target"].numpy
-        if np.issubdtype(target, np.integer) and np.issubdtype(x.dtype, np.floating):
+        if np.issubdtype(target, np.integer) and is_float(x.dtype):
             with np.errstate(invalid="ignore"):
                 return np.trunc(x).astype(target)
         return x.astype(target)

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import Op, OpKind, register, require
+from fusegraph.ops.base import Op, OpKind, is_float, register, require
 
 
 class ReduceOp(Op):
@@ -30,7 +30,7 @@ class ReduceOp(Op):
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         x = args[0]
-        acc = np.float64 if x.dtype.kind == "f" else None
+        acc = np.float64 if is_float(x.dtype) else None
         out = type(self).np_fn(x.astype(acc) if acc else x, axis=self.axes, keepdims=True)
         return np.asarray(out).astype(x.dtype)
 
@@ -41,9 +41,61 @@ def _define(name: str, fn: Callable[..., np.ndarray]) -> None:
 
 _define("reduce_sum", np.sum)
 _define("reduce_mean", np.mean)
-_define("reduce_max", np.max)
-_define("reduce_min", np.min)
+def _extreme(fn: Callable[..., np.ndarray], largest: bool) -> Callable[..., np.ndarray]:
+    """max/min that give ONNX's identity over an empty axis (-inf / +inf, the integer bounds,
+    False / True) where NumPy raises."""
+
+    def reduce(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        if x.size:
+            return fn(x, axis=axis, keepdims=keepdims)
+        if x.dtype == np.bool_:
+            identity: object = not largest
+        elif is_float(x.dtype):
+            identity = -np.inf if largest else np.inf
+        else:
+            identity = np.iinfo(x.dtype).min if largest else np.iinfo(x.dtype).max
+        return np.full([1 if i in axis else n for i, n in enumerate(x.shape)], identity, x.dtype)
+
+    return reduce
+
+
+_define("reduce_max", _extreme(np.max, largest=True))
+_define("reduce_min", _extreme(np.min, largest=False))
 _define("reduce_prod", np.prod)
+
+
+@register
+class ArgReduce(Op):
+    """Index (int64) of the largest (`largest`) or smallest element along `axis`, kept as length 1.
+
+    Ties go to the first index, or to the last with `select_last_index`, as ONNX specifies.
+    """
+
+    name = "arg_reduce"
+    kind = OpKind.REDUCE
+
+    def __init__(self, largest: bool, axis: int, select_last_index: bool = False) -> None:
+        super().__init__(largest=bool(largest), axis=int(axis), select_last_index=bool(select_last_index))
+
+    def __str__(self) -> str:
+        return f"{'argmax' if self.largest else 'argmin'}[axis={self.axis}{',last' if self.select_last_index else ''}]"
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        from fusegraph.ir.dtypes import DType
+
+        (x,) = inputs
+        require(0 <= self.axis < x.ndim, f"axis {self.axis} out of range for rank {x.ndim}")
+        require(x.lens[self.axis] > 0, "cannot take the arg max/min of an empty axis")
+        return Shape.of(DType.int64, [1 if i == self.axis else n for i, n in enumerate(x.lens)])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0]
+        fn = np.argmax if self.largest else np.argmin
+        if self.select_last_index:
+            idx = x.shape[self.axis] - 1 - fn(np.flip(x, self.axis), axis=self.axis, keepdims=True)
+        else:
+            idx = fn(x, axis=self.axis, keepdims=True)
+        return idx.astype(np.int64)
 
 
 @register

@@ -33,7 +33,7 @@ class Literal(Op):
 
     def __init__(self, value: np.ndarray) -> None:
         super().__init__()
-        self.value = np.ascontiguousarray(value)
+        self.value = np.ascontiguousarray(value).reshape(np.shape(value))  # keeps 0-d values 0-d
         self.value.setflags(write=False)
 
     def __str__(self) -> str:

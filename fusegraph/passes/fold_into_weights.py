@@ -81,14 +81,16 @@ class FoldIntoWeights:
 
     def apply(self, module: Module) -> bool:
         changed = False
+        users = module.users()
         for ins in list(module.instructions):
-            if ins not in module.instructions:
-                continue
-            users = module.users()
+            done = False
             if ins.op.name == "batch_norm":
-                changed |= self._fold_batch_norm(module, ins, users)
+                done = self._fold_batch_norm(module, ins, users)
             elif ins.op.name == "mul":
-                changed |= self._fold_scale(module, ins, users)
+                done = self._fold_scale(module, ins, users)
+            if done:  # the rewrite only touched this instruction's producers
+                users = module.users()
+                changed = True
         if changed:
             from fusegraph.passes.dead_code import DeadCodeElimination
 

@@ -8,12 +8,15 @@ shorter chain gives simpler index expressions and a program a person can read.
 from __future__ import annotations
 
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import OpKind
 from fusegraph.ops.views import Reshape, Transpose
 
 RESHAPES = ("reshape", "squeeze", "unsqueeze", "flatten")
 
 
 def _merge(module: Module, ins: Instruction) -> bool:
+    if ins.op.kind != OpKind.VIEW or not ins.inputs:
+        return False
     src = ins.inputs[0]
     if ins.op.name in RESHAPES and src.op.name in RESHAPES and src.inputs[0].shape.standard():
         new = module.make(Reshape(ins.shape.lens), [src.inputs[0]], ins.origin)

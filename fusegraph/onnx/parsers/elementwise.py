@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction
 from fusegraph.ops import pointwise as pw
-from fusegraph.ops.base import make_op
+from fusegraph.ops.base import is_float, make_op
 from fusegraph.onnx.context import ImportContext, onnx_dtype, onnx_op
 
 _BINARY = {
@@ -20,6 +22,9 @@ _UNARY = {
     "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "recip",
     "Sigmoid": "sigmoid", "Tanh": "tanh", "Relu": "relu", "Erf": "erf", "Floor": "floor", "Ceil": "ceil",
     "Round": "round", "Sin": "sin", "Cos": "cos", "Sign": "sign", "Not": "not", "HardSwish": "hard_swish",
+    "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
+    "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Softplus": "softplus", "Softsign": "softsign",
+    "IsNaN": "isnan",
 }
 _VARIADIC = {"Sum": "add", "Max": "max", "Min": "min"}
 
@@ -63,8 +68,13 @@ def parse_variadic(ctx: ImportContext, ins: list[Instruction | None]) -> Instruc
 
 @onnx_op("Pow")
 def parse_pow(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """The result has the base's type. An integer base with a float exponent is raised in float64
+    and truncated (2 ** 0.5 -> 1), as ONNX Runtime does; converting the exponent would give 2 ** 0."""
     base, exp = ins[0], ins[1]
     assert base is not None and exp is not None
+    if base.shape.dtype.is_integer and exp.shape.dtype.is_float:
+        wide = binary(ctx, "pow", ctx.convert(base, DType.float64), ctx.convert(exp, DType.float64))
+        return ctx.convert(wide, base.shape.dtype)
     return binary(ctx, "pow", base, ctx.convert(exp, base.shape.dtype))
 
 
@@ -92,11 +102,11 @@ def parse_clip(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction
 
 
 def _lowest(dt: np.dtype) -> np.ndarray:
-    return np.array(-np.inf if dt.kind == "f" else np.iinfo(dt).min, dt)
+    return np.array(-np.inf if is_float(dt) else np.iinfo(dt).min, dt)
 
 
 def _highest(dt: np.dtype) -> np.ndarray:
-    return np.array(np.inf if dt.kind == "f" else np.iinfo(dt).max, dt)
+    return np.array(np.inf if is_float(dt) else np.iinfo(dt).max, dt)
 
 
 @onnx_op("LeakyRelu")
@@ -107,6 +117,101 @@ def parse_leaky_relu(ctx: ImportContext, ins: list[Instruction | None]) -> Instr
 @onnx_op("HardSigmoid")
 def parse_hard_sigmoid(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     return ctx.add(pw.HardSigmoid(ctx.attr("alpha", 0.2), ctx.attr("beta", 0.5)), [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("Elu")
+def parse_elu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return ctx.add(pw.Elu(ctx.attr("alpha", 1.0)), [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("Selu")
+def parse_selu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    op = pw.Elu(ctx.attr("alpha", 1.67326319217681884765625), ctx.attr("gamma", 1.05070102214813232421875))
+    return ctx.add(op, [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("Celu")
+def parse_celu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return ctx.add(pw.Celu(ctx.attr("alpha", 1.0)), [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("ThresholdedRelu")
+def parse_thresholded_relu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return ctx.add(pw.ThresholdedRelu(ctx.attr("alpha", 1.0)), [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("Shrink")
+def parse_shrink(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    return ctx.add(pw.Shrink(ctx.attr("bias", 0.0), ctx.attr("lambd", 0.5)), [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("IsInf")
+def parse_isinf(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    op = pw.IsInf(bool(ctx.attr("detect_negative", 1)), bool(ctx.attr("detect_positive", 1)))
+    return ctx.add(op, [ins[0]])  # type: ignore[list-item]
+
+
+@onnx_op("Mod")
+def parse_mod(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """fmod=0 is the integer remainder with the divisor's sign; ONNX requires fmod=1 for floats."""
+    a = ins[0]
+    assert a is not None
+    fmod = ctx.attr("fmod", 0)
+    if not fmod and not a.shape.dtype.is_integer:
+        raise ctx.error(f"fmod=0 needs integer inputs, got {a.shape.dtype.numpy.name} (ONNX requires fmod=1 for floats)")
+    return binary(ctx, "fmod" if fmod else "mod", a, ins[1])  # type: ignore[arg-type]
+
+
+def _scalar(ctx: ImportContext, x: Instruction, value: float) -> Instruction:
+    return ctx.literal(np.array(value, x.shape.dtype.numpy))
+
+
+@onnx_op("PRelu")
+def parse_prelu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """x < 0 ? x * slope : x, the slope broadcasting to x."""
+    x, slope = ins[0], ins[1]
+    assert x is not None and slope is not None
+    negative = binary(ctx, "less", x, _scalar(ctx, x, 0))
+    return ctx.add(pw.Where(), ctx.broadcast(negative, binary(ctx, "mul", x, slope), x))
+
+
+@onnx_op("Gelu")
+def parse_gelu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """0.5 x (1 + erf(x / sqrt 2)), or its tanh approximation; pointwise fusion makes it one kernel."""
+    x = ins[0]
+    assert x is not None
+    approximate = ctx.check_attr("approximate", ctx.attr("approximate", "none"), ["none", "tanh"])
+    if approximate == "tanh":
+        cube = binary(ctx, "mul", binary(ctx, "mul", x, x), x)
+        inner = binary(ctx, "add", x, binary(ctx, "mul", cube, _scalar(ctx, x, 0.044715)))
+        t = ctx.add(make_op("tanh"), [binary(ctx, "mul", inner, _scalar(ctx, x, math.sqrt(2 / math.pi)))])
+    else:
+        t = ctx.add(make_op("erf"), [binary(ctx, "mul", x, _scalar(ctx, x, 1 / math.sqrt(2)))])
+    half_x = binary(ctx, "mul", x, _scalar(ctx, x, 0.5))
+    return binary(ctx, "mul", half_x, binary(ctx, "add", t, _scalar(ctx, x, 1)))
+
+
+@onnx_op("Mish")
+def parse_mish(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    return binary(ctx, "mul", x, ctx.add(make_op("tanh"), [ctx.add(make_op("softplus"), [x])]))
+
+
+@onnx_op("Swish")
+def parse_swish(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None
+    alpha = ctx.attr("alpha", 1.0)
+    scaled = binary(ctx, "mul", x, _scalar(ctx, x, alpha)) if alpha != 1.0 else x
+    return binary(ctx, "mul", x, ctx.add(make_op("sigmoid"), [scaled]))
+
+
+@onnx_op("CastLike")
+def parse_cast_like(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x, like = ins[0], ins[1]
+    assert x is not None and like is not None
+    return ctx.convert(x, like.shape.dtype)
 
 
 @onnx_op("Cast")
@@ -129,11 +234,9 @@ def parse_dropout(ctx: ImportContext, ins: list[Instruction | None]) -> list[Ins
     """Inference mode only: the data passes through and the mask is all true."""
     x = ins[0]
     assert x is not None
-    training = ctx.const(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    training = ctx.require_const(ins[2], "training_mode") if len(ins) > 2 and ins[2] is not None else None
     if training is not None and bool(training):
         raise ctx.error("training_mode=true is not supported (fusegraph compiles for inference)")
-    if len(ins) > 2 and ins[2] is not None and training is None:
-        raise ctx.error("training_mode must be a constant")
     mask = ctx.add(make_op("multibroadcast", out_lens=x.shape.lens), [ctx.literal(np.array(True))])
     return [x, mask]
 
@@ -146,6 +249,8 @@ def parse_batch_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instr
     assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
     if ctx.attr("training_mode", 0):
         raise ctx.error("training_mode=1 is not supported (fusegraph compiles for inference)")
+    if ctx.opset < 9 and not ctx.attr("spatial", 1):
+        raise ctx.error("spatial=0 (statistics per element, not per channel) is not supported")
     if x.shape.ndim < 2:
         raise ctx.error(f"input must be [N, C, ...], got rank {x.shape.ndim}")
     c = x.shape.lens[1]

@@ -133,6 +133,39 @@ def parse_slice(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
     return ctx.add(sl, [x])
 
 
+@onnx_op("Tile")
+def parse_tile(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Tiling is a view: [d0, d1] -> unsqueeze [1, d0, 1, d1] -> broadcast [r0, d0, r1, d1] -> reshape."""
+    x = ins[0]
+    assert x is not None
+    reps = _ints(ctx, ins[1], "repeats")
+    r = x.shape.ndim
+    if len(reps) != r or any(n < 1 for n in reps):
+        raise ctx.error(f"repeats {reps} must be {r} positive values")
+    if all(n == 1 for n in reps):
+        return x
+    spread = ctx.add(v.Unsqueeze(range(0, 2 * r, 2)), [x])
+    lens = [d for n, m in zip(reps, x.shape.lens) for d in (n, m)]
+    tiled = ctx.add(v.MultiBroadcast(lens), [spread])
+    return ctx.add(v.Reshape([n * m for n, m in zip(reps, x.shape.lens)]), [tiled])
+
+
+@onnx_op("Trilu")
+def parse_trilu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Keep the upper (or lower) triangle from diagonal k: a where() against a constant mask."""
+    from fusegraph.ops.pointwise import Where
+
+    x = ins[0]
+    assert x is not None
+    if x.shape.ndim < 2:
+        raise ctx.error(f"input must have rank >= 2, got {list(x.shape.lens)}")
+    k = int(ctx.require_const(ins[1], "k").reshape(())) if len(ins) > 1 and ins[1] is not None else 0
+    ones = np.ones(x.shape.lens[-2:], dtype=bool)
+    mask = np.triu(ones, k) if ctx.attr("upper", 1) else np.tril(ones, k)
+    zero = ctx.literal(np.zeros((), x.shape.dtype.numpy))
+    return ctx.add(Where(), ctx.broadcast(ctx.literal(mask), x, zero))
+
+
 @onnx_op("Split")
 def parse_split(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
     """Split becomes one slice view per output, so each part fuses like any other view."""

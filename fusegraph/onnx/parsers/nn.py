@@ -7,11 +7,13 @@ import math
 
 import numpy as np
 
+from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction
 from fusegraph.ops import anchors, movement, reduce
+from fusegraph.ops import pointwise as pw
 from fusegraph.ops import views as v
 from fusegraph.ops.base import make_op
-from fusegraph.onnx.context import ImportContext, onnx_op
+from fusegraph.onnx.context import ImportContext, onnx_op, prod
 from fusegraph.onnx.parsers.elementwise import binary
 
 
@@ -198,18 +200,137 @@ def parse_softmax(ctx: ImportContext, ins: list[Instruction | None]) -> Instruct
     return ctx.add(v.Reshape(x.shape.lens), [out])
 
 
+def _standardize(ctx: ImportContext, x: Instruction, axes: list[int],
+                 epsilon: float) -> tuple[Instruction, Instruction, Instruction]:
+    """(x - mean) / sqrt(var + epsilon) over `axes`, with the mean and 1 / sqrt(var + epsilon)
+    (kept as length-1 dims): the core of the normalizations without an op of their own."""
+    mean = ctx.add(make_op("reduce_mean", axes=axes), [x])
+    centered = binary(ctx, "sub", x, mean)
+    var = ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [centered, centered])])
+    eps = ctx.literal(np.array(epsilon, x.shape.dtype.numpy))
+    inv_std = ctx.add(make_op("recip"), [ctx.add(make_op("sqrt"), [binary(ctx, "add", var, eps)])])
+    return binary(ctx, "mul", centered, inv_std), mean, inv_std
+
+
+def _stash_type(ctx: ImportContext) -> DType:
+    """The type normalizations compute their statistics in; only float32 (the default) is supported."""
+    if ctx.attr("stash_type", 1) != 1:
+        raise ctx.error(f"stash_type={ctx.attr('stash_type')} is not supported (only 1, float32 statistics)")
+    return DType.float32
+
+
+def _per_channel(ctx: ImportContext, p: Instruction, x: Instruction, what: str) -> Instruction:
+    """A [C] parameter as [C, 1, ...] against x [N, C, ...]."""
+    c = x.shape.lens[1]
+    if p.shape.elements != c:
+        raise ctx.error(f"{what} of shape {list(p.shape.lens)} does not match {c} channels")
+    return ctx.add(v.Reshape([c] + [1] * (x.shape.ndim - 2)), [p])
+
+
 @onnx_op("LayerNormalization")
-def parse_layer_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+def parse_layer_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction | list[Instruction]:
+    """One layernorm op; the optional Mean and InvStdDev outputs (float32) are computed beside it."""
     x, scale = ins[0], ins[1]
     assert x is not None and scale is not None and ctx.node is not None
-    if any(ctx.node.output[1:]):
-        raise ctx.error("the Mean and InvStdDev outputs are not supported")
-    if ctx.attr("stash_type", 1) != 1:
-        raise ctx.error("only stash_type=1 (float32 statistics) is supported")
+    stash = _stash_type(ctx)
     axis = ctx.axis(ctx.attr("axis", -1), x.shape.ndim)
+    epsilon = ctx.attr("epsilon", 1e-5)
     bias = ins[2] if len(ins) > 2 and ins[2] is not None else ctx.literal(np.zeros((), x.shape.dtype.numpy))
-    x, scale, bias = ctx.broadcast(x, scale, bias)
-    return ctx.add(reduce.LayerNorm(axis, ctx.attr("epsilon", 1e-5)), [x, scale, bias])
+    xb, scale, bias = ctx.broadcast(x, scale, bias)
+    y = ctx.add(reduce.LayerNorm(axis, epsilon), [xb, scale, bias])
+    if not any(ctx.node.output[1:]):
+        return y
+    _, mean, inv_std = _standardize(ctx, ctx.convert(x, stash), list(range(axis, x.shape.ndim)), epsilon)
+    return [y, mean, inv_std]
+
+
+@onnx_op("InstanceNormalization")
+def parse_instance_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x, scale, bias = ins[:3]
+    assert x is not None and scale is not None and bias is not None
+    if x.shape.ndim < 3:
+        raise ctx.error(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
+    y, _, _ = _standardize(ctx, x, list(range(2, x.shape.ndim)), ctx.attr("epsilon", 1e-5))
+    y = binary(ctx, "mul", y, _per_channel(ctx, scale, x, "scale"))
+    return binary(ctx, "add", y, _per_channel(ctx, bias, x, "bias"))
+
+
+@onnx_op("GroupNormalization")
+def parse_group_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Standardize [N, G, C/G * spatial] over its last axis, then scale and shift per channel.
+
+    Opset 18 gave scale and bias per group; opset 21 per channel. Both are read.
+    """
+    x, scale, bias = ins[:3]
+    assert x is not None and scale is not None and bias is not None
+    g = ctx.attr("num_groups")
+    if x.shape.ndim < 3 or g is None or g <= 0 or x.shape.lens[1] % g:
+        raise ctx.error(f"needs input [N, C, spatial...] with C divisible by num_groups={g}, got {list(x.shape.lens)}")
+    n, c = x.shape.lens[:2]
+    grouped = ctx.add(v.Reshape([n, g, prod(x.shape.lens[1:]) // g]), [ctx.convert(x, _stash_type(ctx))])
+    y, _, _ = _standardize(ctx, grouped, [2], ctx.attr("epsilon", 1e-5))
+    y = ctx.convert(ctx.add(v.Reshape(x.shape.lens), [y]), x.shape.dtype)
+    params = []
+    for p in (scale, bias):
+        if p.shape.elements == g != c and ctx.opset < 21:  # per group: repeat each C/G times
+            p = ctx.add(v.Reshape([c]), [ctx.add(v.MultiBroadcast([g, c // g]), [ctx.add(v.Reshape([g, 1]), [p])])])
+        params.append(_per_channel(ctx, p, x, "scale and bias"))
+    return binary(ctx, "add", binary(ctx, "mul", y, params[0]), params[1])
+
+
+@onnx_op("MeanVarianceNormalization")
+def parse_mvn(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """(x - mean) / (std + 1e-9), as ONNX's function body defines it (epsilon added to the std)."""
+    x = ins[0]
+    assert x is not None
+    axes = ctx.axes(ctx.attr("axes", [0, 2, 3]), x.shape.ndim)
+    mean = ctx.add(make_op("reduce_mean", axes=axes), [x])
+    centered = binary(ctx, "sub", x, mean)
+    var = ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [centered, centered])])
+    std = binary(ctx, "add", ctx.add(make_op("sqrt"), [var]), ctx.literal(np.array(1e-9, x.shape.dtype.numpy)))
+    return binary(ctx, "div", centered, std)
+
+
+@onnx_op("RMSNormalization")
+def parse_rms_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """x / sqrt(mean(x^2) + epsilon) over the axes from `axis` on, in float32, times scale."""
+    x, scale = ins[0], ins[1]
+    assert x is not None and scale is not None
+    axes = list(range(ctx.axis(ctx.attr("axis", -1), x.shape.ndim), x.shape.ndim))
+    xs = ctx.convert(x, _stash_type(ctx))
+    mean_sq = ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [xs, xs])])
+    eps = ctx.literal(np.array(ctx.attr("epsilon", 1e-5), np.float32))
+    rms = ctx.add(make_op("sqrt"), [binary(ctx, "add", mean_sq, eps)])
+    y = ctx.convert(binary(ctx, "div", xs, rms), scale.shape.dtype)
+    return binary(ctx, "mul", y, scale)
+
+
+@onnx_op("LpNormalization")
+def parse_lp_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """x / ||x||_p along `axis`; a zero norm gives 0, as the ONNX reference and ONNX Runtime do."""
+    from fusegraph.ops.pointwise import Where
+
+    x = ins[0]
+    assert x is not None
+    axis = ctx.axis(ctx.attr("axis", -1), x.shape.ndim)
+    p = ctx.check_attr("p", ctx.attr("p", 2), [1, 2])
+    if p == 1:
+        norm = ctx.add(make_op("reduce_sum", axes=[axis]), [ctx.add(make_op("abs"), [x])])
+    else:
+        norm = ctx.add(make_op("sqrt"), [ctx.add(make_op("reduce_sum", axes=[axis]), [ctx.add(make_op("mul"), [x, x])])])
+    zero = ctx.literal(np.zeros((), x.shape.dtype.numpy))
+    is_zero = binary(ctx, "equal", norm, zero)
+    return ctx.add(Where(), ctx.broadcast(is_zero, zero, binary(ctx, "div", x, norm)))
+
+
+@onnx_op("ArgMax", "ArgMin")
+def parse_arg_reduce(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x = ins[0]
+    assert x is not None and ctx.node is not None
+    axis = ctx.axis(ctx.attr("axis", 0), x.shape.ndim)
+    op = reduce.ArgReduce(ctx.node.op_type == "ArgMax", axis, bool(ctx.attr("select_last_index", 0)))
+    out = ctx.add(op, [x])
+    return out if ctx.attr("keepdims", 1) else ctx.add(v.Squeeze([axis]), [out])
 
 
 _REDUCE = {
@@ -224,6 +345,10 @@ _AXES_INPUT_SINCE = {"ReduceSum": 13}
 
 @onnx_op(*_REDUCE)
 def parse_reduce(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """A reduce op with its elementwise parts: x*x before SumSquare and L2, |x| before L1, sqrt after
+    L2, log after LogSum; LogSumExp is m + log(sum(exp(x - m))) with m the max, so it cannot
+    overflow. With empty axes and noop_with_empty_axes=1 only the reduction is skipped: the
+    elementwise parts still apply, as ONNX clarified (onnx/onnx#7394)."""
     x = ins[0]
     assert x is not None and ctx.node is not None
     t = ctx.node.op_type
@@ -232,23 +357,31 @@ def parse_reduce(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
         axes = [int(a) for a in ctx.require_const(ins[1], "axes").reshape(-1)] if len(ins) > 1 and ins[1] is not None else []
     else:
         axes = list(ctx.attr("axes", []))
-    if not axes:
-        if ctx.attr("noop_with_empty_axes", 0):
-            return x
-        axes = list(range(r))
-    axes = ctx.axes(axes, r)
-    pre = {"ReduceSumSquare": "sq", "ReduceL2": "sq", "ReduceL1": "abs", "ReduceLogSumExp": "exp"}.get(t)
-    y = x
-    if pre == "sq":
-        y = ctx.add(make_op("mul"), [x, x])
-    elif pre:
-        y = ctx.add(make_op(pre), [x])
-    out = ctx.add(make_op(_REDUCE[t], axes=axes), [y])
-    if t == "ReduceL2":
-        out = ctx.add(make_op("sqrt"), [out])
-    elif t in ("ReduceLogSum", "ReduceLogSumExp"):
-        out = ctx.add(make_op("log"), [out])
-    if not ctx.attr("keepdims", 1):
+    noop = not axes and bool(ctx.attr("noop_with_empty_axes", 0))
+    axes = ctx.axes(axes, r) if axes or noop else list(range(r))
+
+    def reduce_(name: str, y: Instruction) -> Instruction:
+        return y if noop else ctx.add(make_op(name, axes=axes), [y])
+
+    if t == "ReduceLogSumExp":
+        m = reduce_("reduce_max", x)
+        zero = ctx.literal(np.zeros((), x.shape.dtype.numpy))
+        m = ctx.add(pw.Where(), ctx.broadcast(ctx.add(pw.IsInf(), [m]), zero, m))  # all -inf rows: m = 0
+        total = reduce_("reduce_sum", ctx.add(make_op("exp"), [binary(ctx, "sub", x, m)]))
+        out = binary(ctx, "add", ctx.add(make_op("log"), [total]), m)
+    else:
+        pre = {"ReduceSumSquare": "sq", "ReduceL2": "sq", "ReduceL1": "abs"}.get(t)
+        y = x
+        if pre == "sq":
+            y = ctx.add(make_op("mul"), [x, x])
+        elif pre:
+            y = ctx.add(make_op(pre), [x])
+        out = reduce_(_REDUCE[t], y)
+        if t == "ReduceL2":
+            out = ctx.add(make_op("sqrt"), [out])
+        elif t == "ReduceLogSum":
+            out = ctx.add(make_op("log"), [out])
+    if not ctx.attr("keepdims", 1) and not noop:
         out = ctx.add(v.Squeeze(axes), [out])
     return out
 
@@ -275,10 +408,8 @@ def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
     axes = ctx.axes(ctx.attr("axes", list(range(r))), r)
     policy = ctx.check_attr("keep_aspect_ratio_policy", ctx.attr("keep_aspect_ratio_policy", "stretch"),
                             ["stretch", "not_larger", "not_smaller"])
-    scales_v = ctx.const(scales_in) if scales_in is not None else None
-    sizes_v = ctx.const(sizes_in) if sizes_in is not None else None
-    if scales_in is not None and scales_v is None or sizes_in is not None and sizes_v is None:
-        raise ctx.error("scales and sizes must be constants")
+    scales_v = ctx.require_const(scales_in, "scales") if scales_in is not None else None
+    sizes_v = ctx.require_const(sizes_in, "sizes") if sizes_in is not None else None
     scales = [1.0] * r
     out = list(x.shape.lens)
     if sizes_v is not None and sizes_v.size:
@@ -306,7 +437,14 @@ def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
             out[a] = int(math.floor(x.shape.lens[a] * sv[i]))
     else:
         raise ctx.error("needs scales or sizes")
-    op = movement.Resize(out, scales, mode, coord, ctx.attr("nearest_mode", "round_prefer_floor"),
+    nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
+    if ctx.node.op_type == "Upsample" or ctx.opset < 11:
+        # before nearest_mode existed, nearest upsampling repeats each element (floor), as the ONNX
+        # reference and ONNX Runtime do; their downsampling rounding differs, so it is refused
+        nearest_mode = "floor"
+        if mode == "nearest" and any(s < 1 for s in scales):
+            raise ctx.error("nearest downsampling before opset 11 is not supported (its rounding is unspecified)")
+    op = movement.Resize(out, scales, mode, coord, nearest_mode,
                          ctx.attr("cubic_coeff_a", -0.75), bool(ctx.attr("exclude_outside", 0)))
     ctx.check_attr("nearest_mode", op.nearest_mode, ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
     return ctx.add(op, [x])
@@ -323,9 +461,7 @@ def parse_pad(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
         axes = list(range(r))
     else:
         pads = [int(p) for p in ctx.require_const(ins[1], "pads").reshape(-1)]
-        cv = ctx.const(ins[2]) if len(ins) > 2 and ins[2] is not None else None
-        if len(ins) > 2 and ins[2] is not None and cv is None:
-            raise ctx.error("constant_value must be a constant")
+        cv = ctx.require_const(ins[2], "constant_value") if len(ins) > 2 and ins[2] is not None else None
         value = float(cv.reshape(-1)[0]) if cv is not None and cv.size else 0.0
         axes = ctx.axes([int(a) for a in ctx.require_const(ins[3], "axes").reshape(-1)], r) \
             if len(ins) > 3 and ins[3] is not None else list(range(r))

@@ -76,4 +76,5 @@ def run_program(program: Program, inputs: Mapping[str, Any]) -> dict[str, np.nda
     """Run the main module with checked inputs; returns outputs by their ONNX names."""
     checked = check_inputs(program.input_shapes, inputs)
     results = run_module(program.main, params=checked)
-    return {name: np.ascontiguousarray(v) for name, v in zip(program.main.return_names, results)}
+    # np.asarray keeps 0-d results 0-d (np.ascontiguousarray would make them 1-d)
+    return {name: np.asarray(v, order="C") for name, v in zip(program.main.return_names, results)}

@@ -1,0 +1,147 @@
+"""fusegraph as an `onnx.backend.base.Backend`, so ONNX's own backend test suite can drive it.
+
+`prepare` parses the model (unsupported ops and attributes surface there, as
+`UnsupportedOpError` / `ParseError`), and the returned rep runs it on the NumPy reference
+target. fusegraph compiles for fixed shapes, so a rep specializes the program to what it is run
+with, once per distinct specialization:
+
+- input shapes: the first program uses the model's declared shapes; a run with other shapes (or
+  a model with symbolic dimensions) parses again with those shapes;
+- shape-setting input values: a value that must be known at compile time (a Reshape target,
+  Slice bounds, reduction axes, resize scales) but is fed as a graph input, as ONNX's node tests
+  do, raises `DynamicValueError` naming that input; the rep then fixes the input to the value it
+  is run with (as an initializer) and parses again. Such inputs are tensors of a few integers in
+  practice, so specializing on them costs one parse per distinct value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+
+from fusegraph.errors import DynamicValueError, InputError
+from fusegraph.ir.program import Program
+from fusegraph.onnx.importer import parse_onnx
+
+Key = tuple[tuple[Any, ...], ...]
+
+
+class FusegraphRep(BackendRep):
+    """A prepared model: one Program per distinct specialization it has been run with."""
+
+    def __init__(self, model: onnx.ModelProto, program: Program | None = None,
+                 fixed: Sequence[str] = ()) -> None:
+        self.model = model
+        initializers = {t.name for t in model.graph.initializer}
+        self.input_names = [i.name for i in model.graph.input if i.name not in initializers]
+        self.output_names = [o.name for o in model.graph.output]
+        #: inputs whose values (not only shapes) the programs are specialized to
+        self.fixed: set[str] = set(fixed)
+        self._programs: dict[Key, Program] = {}
+        if program is not None:
+            shapes = program.input_shapes
+            self._programs[tuple((tuple(shapes[n].lens),) for n in self.input_names)] = program
+
+    def _key(self, feeds: Mapping[str, np.ndarray]) -> Key:
+        return tuple((feeds[n].shape, feeds[n].dtype.str, feeds[n].tobytes()) if n in self.fixed else (feeds[n].shape,)
+                     for n in self.input_names)
+
+    def program_for(self, feeds: Mapping[str, np.ndarray]) -> Program:
+        """The program specialized to `feeds`, parsing it on first use."""
+        while (key := self._key(feeds)) not in self._programs:
+            model = self.model
+            if self.fixed:
+                model = onnx.ModelProto()
+                model.CopyFrom(self.model)
+                model.graph.initializer.extend(numpy_helper.from_array(feeds[n], n) for n in sorted(self.fixed))
+            dims = {n: list(feeds[n].shape) for n in self.input_names if n not in self.fixed}
+            try:
+                self._programs[key] = parse_onnx(model, input_dims=dims)
+            except DynamicValueError as e:
+                new = set(e.inputs) - self.fixed
+                if not new:
+                    raise
+                self.fixed |= new
+        return self._programs[key]
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Run with inputs given as a list (graph input order), a dict by name, or one array."""
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        if isinstance(inputs, Mapping):
+            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+        else:
+            values = list(inputs)
+            if len(values) != len(self.input_names):
+                raise InputError(f"got {len(values)} inputs, the model expects {len(self.input_names)}: "
+                                 f"{', '.join(self.input_names)}")
+            feeds = {n: np.asarray(v) for n, v in zip(self.input_names, values)}
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise InputError(f"missing input(s) {', '.join(map(repr, missing))}")
+        program = self.program_for(feeds)
+        results = program.run({n: feeds[n] for n in program.input_shapes})
+        return namedtupledict("Outputs", self.output_names)(*(results[n] for n in self.output_names))
+
+
+class FusegraphBackend(Backend):
+    """The ONNX backend API over fusegraph's NumPy reference target (CPU only)."""
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        try:
+            return Device(device).type == DeviceType.CPU
+        except AttributeError:
+            return False
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> FusegraphRep:
+        """Check and parse `model`; `input_dims={name: dims}` may fix symbolic input dimensions."""
+        if not cls.supports_device(device):
+            raise RuntimeError(f"fusegraph's reference backend runs on the CPU only, not on {device!r}")
+        super().prepare(model, device, **kwargs)
+        try:
+            return FusegraphRep(model, parse_onnx(model, input_dims=kwargs.get("input_dims")))
+        except DynamicValueError as e:
+            if not e.inputs:
+                raise
+            return FusegraphRep(model, fixed=e.inputs)  # specialized to their values at run time
+
+    @classmethod
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
+                 outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
+                 **kwargs: Any) -> tuple[Any, ...]:
+        """Run one node: wrap it in a model whose inputs are the node's present inputs."""
+        super().run_node(node, inputs, device, outputs_info, **kwargs)
+        names = [n for n in node.input if n]
+        arrays = [np.asarray(inputs[n]) for n in names] if isinstance(inputs, Mapping) else [np.asarray(x) for x in inputs]
+        if len(arrays) != len(names):
+            raise InputError(f"node {node.op_type} has {len(names)} inputs, got {len(arrays)} values")
+        graph_inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                        for n, a in zip(names, arrays)]
+        graph_outputs = []
+        for k, name in enumerate(o for o in node.output if o):
+            if outputs_info is not None and k < len(outputs_info):
+                dtype, shape = outputs_info[k]
+                graph_outputs.append(onnx.helper.make_tensor_value_info(
+                    name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
+            else:
+                graph_outputs.append(onnx.helper.make_empty_tensor_value_info(name))
+        graph = onnx.helper.make_graph([node], f"{node.op_type}_node", graph_inputs, graph_outputs)
+        opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_operatorsetid("", opset)])
+        return cls.prepare(model, device, **kwargs).run(arrays)
+
+
+prepare = FusegraphBackend.prepare
+run_model = FusegraphBackend.run_model
+run_node = FusegraphBackend.run_node
+supports_device = FusegraphBackend.supports_device

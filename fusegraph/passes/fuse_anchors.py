@@ -1,0 +1,202 @@
+"""Anchor fusion: a convolution, dot or pooling with its epilogue, as one fused instruction.
+
+The epilogue grows forward from the anchor through every consumer whose map from the anchor's
+output is invertible (Hidet's rule): pointwise ops (their other operands are side inputs, read
+through their own view chains), bijective views (reshape, transpose, squeeze, unsqueeze,
+flatten), slices (a split: each branch keeps a domain, the part of the anchor's output it
+covers) and concats of branches of the same group. Each tensor of the epilogue is a list of
+pieces: where an anchor-output index lands in it, on which domain, with which value. The
+group's output is stored through those maps, so the kernel writes the final layout directly.
+
+The same machinery serves reductions and data movement ops (`FuseReductions`,
+`FuseMovement`): their prologue reads through views and recomputes pointwise producers.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from fusegraph.ir.index_expr import bounds
+from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import OpKind
+from fusegraph.passes.group_builder import GroupBuilder, Piece, kernel_name, place
+from fusegraph.passes.view_maps import view_input_map
+
+BIJECTIVE_VIEWS = ("reshape", "transpose", "squeeze", "unsqueeze", "flatten")
+
+
+class _Epilogue:
+    """Grows the epilogue of one anchor over the main module."""
+
+    def __init__(self, module: Module, anchor: Instruction, builder: GroupBuilder) -> None:
+        self.module = module
+        self.anchor = anchor
+        self.b = builder
+        self.pos = {id(i): k for k, i in enumerate(module.instructions)}
+        self.pieces: dict[int, list[Piece]] = {}
+        self.members: list[Instruction] = []
+
+    def depends_on_group(self, x: Instruction) -> bool:
+        """Whether outside value `x` is computed from a group member (it would make a cycle)."""
+        start = self.pos[id(self.anchor)]
+        stack, seen = [x], set()
+        while stack:
+            ins = stack.pop()
+            if id(ins) in self.pieces:
+                return True
+            if id(ins) in seen or self.pos.get(id(ins), -1) <= start:
+                continue
+            seen.add(id(ins))
+            stack.extend(ins.inputs)
+        return False
+
+    def absorb(self, ins: Instruction) -> list[Piece] | None:
+        op = ins.op.name
+        src = [self.pieces.get(id(x)) for x in ins.inputs]
+        if op in BIJECTIVE_VIEWS and src[0] is not None:
+            vm = view_input_map(ins)
+            inv = vm.inverse() if vm is not None else None
+            if inv is None:
+                return None
+            return [Piece(inv.after(p.map), p.domain, p.value) for p in src[0]]
+        if op == "slice" and src[0] is not None and all(s == 1 for s in ins.op.attrs["steps"]):
+            return self._slice(ins, src[0])
+        if ins.op.kind == OpKind.POINTWISE:
+            return self._pointwise(ins, src)
+        if op == "concat" and all(s is not None for s in src):
+            out: list[Piece] = []
+            axis, offset = ins.op.attrs["axis"], 0
+            for x, ps in zip(ins.inputs, src):
+                emb = embed_map(x.shape.lens, ins.shape.lens, axis, offset)
+                out += [Piece(emb.after(p.map), p.domain, p.value) for p in ps]  # type: ignore[union-attr]
+                offset += x.shape.lens[axis]
+            return out
+        return None
+
+    def _slice(self, ins: Instruction, pieces: list[Piece]) -> list[Piece] | None:
+        a = ins.op.attrs
+        out = []
+        for p in pieces:
+            exprs = list(p.map.exprs)
+            domain = list(p.domain)
+            empty = False
+            for axis, start, end in zip(a["axes"], a["starts"], a["ends"]):
+                e = exprs[axis]
+                lo, hi = bounds(e)
+                if hi < start or lo >= end:
+                    empty = True
+                    break
+                if lo < start or hi >= end:
+                    domain.append((e, start, end))
+                exprs[axis] = e - start
+            if not empty:
+                out.append(Piece(IndexMap(p.map.out_vars, exprs, ins.shape.lens), tuple(domain), p.value))
+        return out or None
+
+    def _pointwise(self, ins: Instruction, src: Sequence[list[Piece] | None]) -> list[Piece] | None:
+        inside = [s for s in src if s is not None]
+        keys = [[(p.map, p.domain) for p in s] for s in inside]
+        if any(k != keys[0] for k in keys[1:]):
+            return None  # operands reached from the anchor by different paths
+        if any(self.depends_on_group(x) for x, s in zip(ins.inputs, src) if s is None):
+            return None
+        out = []
+        for k, p in enumerate(inside[0]):
+            args = [s[k].value if s is not None else self.b.gather(x, p.map, p.domain)
+                    for x, s in zip(ins.inputs, src)]
+            out.append(Piece(p.map, p.domain, self.b.add(ins.op, args, ins.origin)))
+        return out
+
+    def grow(self, anchor_value: Instruction) -> tuple[Instruction, list[Piece], list[Instruction]]:
+        a = self.anchor
+        self.pieces[id(a)] = [Piece(identity_map(a.shape.lens), (), anchor_value)]
+        self.members = [a]
+        for ins in self.module.instructions[self.pos[id(a)] + 1:]:
+            if not any(id(x) in self.pieces for x in ins.inputs):
+                continue
+            got = self.absorb(ins)
+            if got is not None:
+                self.pieces[id(ins)] = got
+                self.members.append(ins)
+        return self._choose_output()
+
+    def _choose_output(self) -> tuple[Instruction, list[Piece], list[Instruction]]:
+        """The latest member whose ancestors in the group are read only inside them."""
+        users = self.module.users()
+        returned = {id(r) for r in self.module.returns}
+        for out in reversed(self.members):
+            closure = self._ancestors(out)
+            ok = all(id(m) not in returned and all(id(u) in closure for u in users[m])
+                     for m in self.members if id(m) in closure and m is not out)
+            if ok and self.pieces[id(out)]:
+                group = [m for m in self.members if id(m) in closure]
+                return out, self.pieces[id(out)], group
+        raise AssertionError("the anchor alone is always a valid group")
+
+    def _ancestors(self, out: Instruction) -> set[int]:
+        closure, stack = set(), [out]
+        while stack:
+            ins = stack.pop()
+            if id(ins) in closure or id(ins) not in self.pieces:
+                continue
+            closure.add(id(ins))
+            stack.extend(ins.inputs)
+        return closure
+
+
+class FuseAnchors:
+    """One fused instruction per anchor, with its prologue views and its invertible epilogue."""
+
+    name = "fuse_anchors"
+    kinds: tuple[OpKind, ...] = (OpKind.ANCHOR,)
+    inline_prologue = False  # recomputing pointwise producers per tap of a conv is not free
+
+    def apply(self, module: Module) -> bool:
+        changed = False
+        for anchor in list(module.instructions):
+            if not self.wants(anchor) or anchor not in module.instructions:
+                continue
+            self.fuse(module, anchor)
+            changed = True
+        if changed:
+            from fusegraph.passes.dead_code import DeadCodeElimination
+
+            DeadCodeElimination().apply(module)
+        return changed
+
+    def wants(self, ins: Instruction) -> bool:
+        return ins.op.kind in self.kinds
+
+    def fuse(self, module: Module, anchor: Instruction) -> Instruction:
+        inline = (lambda ins: True) if self.inline_prologue else (lambda ins: False)
+        b = GroupBuilder(f"fused{sum(1 for i in module.instructions if i.op.name == 'fused')}", inline)
+        value = b.add(anchor.op, [b.gather(x) for x in anchor.inputs], anchor.origin)
+        out, pieces, members = _Epilogue(module, anchor, b).grow(value)
+        fused = b.finish(out, pieces, kernel_name(b.inlined + members))
+        place(module, fused, out, members)
+        return fused
+
+
+class FuseReductions(FuseAnchors):
+    """Reductions (reduce_*, softmax, layernorm, lrn) with a recomputed pointwise prologue and
+    an invertible epilogue."""
+
+    name = "fuse_reductions"
+    kinds = (OpKind.REDUCE,)
+    inline_prologue = True
+
+
+class FuseMovement(FuseAnchors):
+    """Data movement that is not a view (gather, pad, non-integer resize) with its prologue
+    and epilogue; concat is left to concat elimination."""
+
+    name = "fuse_movement"
+    kinds = (OpKind.MOVE,)
+    inline_prologue = True
+
+    def wants(self, ins: Instruction) -> bool:
+        # a resize that reads `o // k` is a view: it fuses into its reader as a load
+        if ins.op.name == "concat" or ins.op.name == "resize" and view_input_map(ins) is not None:
+            return False
+        return ins.op.kind in self.kinds

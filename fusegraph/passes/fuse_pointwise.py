@@ -1,0 +1,54 @@
+"""Pointwise fusion: every pointwise op left after anchor fusion joins one fused kernel.
+
+Roots are the pointwise ops whose value is needed by something other than a pointwise op
+(through any chain of views): a kernel, a return, a concat. Each root's group recomputes
+its pointwise producers at the index it reads them, through any chain of views in between
+(no "same index" requirement), so one kernel reads only the group's true inputs.
+"""
+
+from __future__ import annotations
+
+from fusegraph.ir.index_map import identity_map
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import OpKind
+from fusegraph.passes.dead_code import DeadCodeElimination
+from fusegraph.passes.group_builder import GroupBuilder, Piece, kernel_name, place
+from fusegraph.passes.view_maps import view_input_map
+
+
+def _consumers(ins: Instruction, users: dict[Instruction, list[Instruction]], returned: set[int]) -> list[Instruction]:
+    """The non-view readers of `ins`, looking through chains of views (a returned view counts)."""
+    out, stack = [], list(users.get(ins, []))
+    while stack:
+        u = stack.pop()
+        if u.op.kind != OpKind.POINTWISE and view_input_map(u) is not None and id(u) not in returned:
+            stack.extend(users.get(u, []))
+        else:
+            out.append(u)
+    return out
+
+
+class FusePointwise:
+    name = "fuse_pointwise"
+
+    def apply(self, module: Module) -> bool:
+        users = module.users()
+        returned = {id(r) for r in module.returns}
+
+        def is_root(ins: Instruction) -> bool:
+            if id(ins) in returned:
+                return True
+            cons = _consumers(ins, users, returned)
+            return not cons or any(c.op.kind != OpKind.POINTWISE or id(c) in returned for c in cons)
+
+        roots = [i for i in module.instructions if i.op.kind == OpKind.POINTWISE and is_root(i)]
+        root_ids = {id(r) for r in roots}
+        for root in roots:
+            b = GroupBuilder(f"fused{sum(1 for i in module.instructions if i.op.name == 'fused')}",
+                             inline=lambda ins: id(ins) not in root_ids)
+            value = b.add(root.op, [b.gather(x) for x in root.inputs], root.origin)
+            fused = b.finish(root, [Piece(identity_map(root.shape.lens), (), value)], kernel_name(b.inlined + [root]))
+            place(module, fused, root, [root])
+        if roots:
+            DeadCodeElimination().apply(module)
+        return bool(roots)

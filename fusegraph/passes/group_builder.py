@@ -1,0 +1,111 @@
+"""Building the sub-module of a fused group and putting the group into the main module.
+
+Shared by every fusion pass: reading an outside value through its view chain as one `load`
+(gather style), recomputing inlined pointwise producers at the index they are read, and
+replacing the group's members by one `fused` instruction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from fusegraph.ir.index_map import IndexMap, identity_map
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import Op, OpKind
+from fusegraph.ops.fused import Allocate, Domain, Fused, Load, Store
+from fusegraph.passes.dead_code import DeadCodeElimination
+from fusegraph.passes.view_maps import view_input_map
+
+SHORT_NAMES = {"convolution": "conv", "multibroadcast": "broadcast", "batch_norm": "bn", "pooling": "pool"}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Part of a tensor computed by a group: its anchor-space index lands at `map(i)` on `domain`."""
+
+    map: IndexMap
+    domain: Domain
+    value: Instruction  # in the sub-module
+
+
+class GroupBuilder:
+    """Accumulates one group's sub-module; outside instructions become its inputs."""
+
+    def __init__(self, name: str, inline: Callable[[Instruction], bool] = lambda ins: False) -> None:
+        self.sub = Module(name)
+        self.inputs: list[Instruction] = []
+        self._params: dict[int, Instruction] = {}
+        self._loads: dict[tuple, Instruction] = {}
+        self._gathers: dict[tuple, Instruction] = {}
+        self.inline = inline
+        self.inlined: list[Instruction] = []  # recomputed here; removed by DCE once unread
+
+    def param(self, outside: Instruction) -> Instruction:
+        key = id(outside)
+        if key not in self._params:
+            self._params[key] = self.sub.add_param(f"x{len(self.inputs)}", outside.shape.as_standard())
+            self.inputs.append(outside)
+        return self._params[key]
+
+    def add(self, op: Op, inputs: Sequence[Instruction], origin: str = "") -> Instruction:
+        return self.sub.add(op, inputs, origin)
+
+    def gather(self, ins: Instruction, m: IndexMap | None = None, domain: Domain = ()) -> Instruction:
+        """The value of outside instruction `ins` at `m(i)` (identity when m is None).
+
+        View chains fold into the map; producers `inline` accepts are recomputed here.
+        """
+        m = m if m is not None else identity_map(ins.shape.lens)
+        key = (id(ins), m, domain)
+        if key in self._gathers:
+            return self._gathers[key]
+        src, cur = ins, m
+        while True:
+            vm = view_input_map(src)
+            if vm is None:
+                break
+            cur = vm.after(cur)
+            src = src.inputs[0]
+        if src.op.kind == OpKind.POINTWISE and self.inline(src):
+            value = self.add(src.op, [self.gather(x, cur, domain) for x in src.inputs], src.origin)
+            self.inlined.append(src)
+        else:
+            lkey = (id(src), cur, domain)
+            if lkey not in self._loads:
+                self._loads[lkey] = self.add(Load(cur, domain), [self.param(src)], src.origin)
+            value = self._loads[lkey]
+        self._gathers[key] = value
+        return value
+
+    def finish(self, out: Instruction, pieces: Sequence[Piece], kernel: str) -> Instruction:
+        """Store the pieces into a fresh buffer of `out`'s shape; return the (unplaced) fused instruction."""
+        buf = self.add(Allocate(out.shape.dtype, out.shape.lens), [])
+        for p in pieces:
+            buf = self.add(Store(p.map, p.domain), [buf, p.value], out.origin)
+        self.sub.set_returns([buf], ["out"])
+        DeadCodeElimination().apply(self.sub)
+        return Instruction(Fused(self.sub, kernel), self.inputs, buf.shape, out.origin)
+
+
+def kernel_name(members: Sequence[Instruction]) -> str:
+    """`conv_add_sigmoid_mul`-style name: the members' op names in order, each once."""
+    seen: list[str] = []
+    for ins in members:
+        name = SHORT_NAMES.get(ins.op.name, ins.op.name)
+        if ins.op.kind != OpKind.SOURCE and name not in seen:
+            seen.append(name)
+    return "_".join(seen) or "copy"
+
+
+def place(module: Module, fused: Instruction, output: Instruction, members: Sequence[Instruction]) -> None:
+    """Put `fused` where `output` was, make `output`'s readers read it, and drop the members."""
+    fused.module = module
+    module.insert_before(output, fused)
+    module.replace_uses(output, fused)
+    gone = {id(m) for m in members}
+    module.instructions = [i for i in module.instructions if id(i) not in gone or i is fused]
+
+
+def unique_name(module: Module, prefix: str) -> str:
+    return f"{prefix}{sum(1 for i in module.instructions if i.op.name == 'fused')}"
