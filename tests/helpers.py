@@ -19,7 +19,8 @@ def make_model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, Sequence[int]]
         [helper.make_tensor_value_info(o, dtype, None) for o in outputs],
         [numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    # IR version 10: what ONNX Runtime 1.31 reads (onnx 1.23 would write a newer one)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
 def rand(*shape: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:

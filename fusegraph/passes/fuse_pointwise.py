@@ -39,7 +39,7 @@ class FusePointwise:
             if id(ins) in returned:
                 return True
             cons = _consumers(ins, users, returned)
-            return not cons or any(c.op.kind != OpKind.POINTWISE or id(c) in returned for c in cons)
+            return not cons or any(c.op.kind != OpKind.POINTWISE for c in cons)
 
         roots = [i for i in module.instructions if i.op.kind == OpKind.POINTWISE and is_root(i)]
         root_ids = {id(r) for r in roots}
