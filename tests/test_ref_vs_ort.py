@@ -1,0 +1,25 @@
+"""The reference target is the oracle of every other test: check it against ONNX Runtime on
+whole models, with fresh random inputs, at the tolerance `fusegraph verify` states."""
+
+from __future__ import annotations
+
+import pytest
+
+from fusegraph import parse_onnx, zoo
+from fusegraph.driver.inputs import random_inputs
+from fusegraph.driver.verify import compare, run_onnxruntime
+
+SMALL = ["yolov5s-160", "yolov5s-bn-160", "light_bvlc_alexnet", "light_densenet121", "light_inception_v1",
+         "light_inception_v2", "light_resnet50", "light_shufflenet", "light_squeezenet", "light_zfnet512"]
+
+
+@pytest.mark.parametrize("name", SMALL + [pytest.param(n, marks=pytest.mark.slow) for n in ("yolov5s", "yolov5s-bn", "light_vgg19")])
+def test_ref_matches_onnxruntime(name):
+    model = zoo.load(name)
+    program = parse_onnx(model)
+    inputs = random_inputs(program.input_shapes, seed=7)
+    ours = program.run(inputs)
+    theirs = run_onnxruntime(model.SerializeToString(), inputs)
+    for out, value in ours.items():
+        c = compare(out, value, theirs[out], 1e-5)
+        assert c.passed, c.line()
