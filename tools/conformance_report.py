@@ -4,8 +4,9 @@ Runs every node test of the installed onnx and the nine light models through fus
 reference backend and through ONNX Runtime (CPU), with the harness and the exclusion list of
 tests/test_conformance.py, and prints one row per op: fusegraph's pass/skip/fail/excluded
 counts, how many cases ONNX Runtime passes, and how many of those fusegraph skips. Then it lists
-every failure and exclusion with its reason, and every case ONNX Runtime passes that fusegraph
-fails (the goal is none).
+every failure and exclusion with its reason, every case ONNX Runtime passes that fusegraph
+fails (the goal is none), and the cases fusegraph declines although it has a parser for the op
+(a ParseError: an attribute value, element type or input kind it does not support), by reason.
 
     .venv/bin/python tools/conformance_report.py            # table, totals, failures
     .venv/bin/python tools/conformance_report.py --no-ort   # fusegraph only
@@ -15,7 +16,7 @@ fails (the goal is none).
 from __future__ import annotations
 
 import argparse
-import os
+import re
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -33,18 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skips", action="store_true", help="also list every skipped case with its reason")
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("ORT_LOGGING_LEVEL", "3")
     cases = [c for c in harness.node_cases() + harness.light_cases() if not args.op or c.op in args.op]
     if not args.no_ort:
         import onnxruntime
 
-        onnxruntime.set_default_logger_severity(3)
+        onnxruntime.set_default_logger_severity(4)  # its own failures are counted, not logged
 
     rows: list[tuple[harness.Case, str]] = []
     ort_cols: dict[str, Counter[str]] = defaultdict(Counter)
     details: list[str] = []
     regressions: list[str] = []
     skips: list[str] = []
+    declined: dict[str, Counter[str]] = defaultdict(Counter)  # reason -> {"cases", "ort pass"}
     for case in cases:
         outcome = harness.run_fusegraph(case)
         column = outcome.status.value
@@ -56,10 +57,17 @@ def main(argv: list[str] | None = None) -> int:
             details.append(f"FAIL     {case.name} [{case.op}]: {_one_line(outcome.message)}")
         elif outcome.status is harness.Status.SKIP:
             skips.append(f"SKIP     {case.name} [{case.op}]: {_one_line(outcome.message)}")
+        reason = ""
+        if outcome.status is harness.Status.SKIP and outcome.error != "UnsupportedOpError":
+            reason = re.sub(r"node '[^']*' \((\w+)\)", r"\1", _one_line(outcome.message))
+            reason = re.sub(r"^input '[^']*'", "input", reason)
+            declined[reason]["cases"] += 1
         rows.append((case, column))
         if not args.no_ort:
             ort = harness.run_onnxruntime(case)
             if ort.status is harness.Status.PASS:
+                if reason:
+                    declined[reason]["ort pass"] += 1
                 ort_cols[case.op]["ort pass"] += 1
                 if outcome.status is harness.Status.SKIP:
                     ort_cols[case.op]["skip&ort"] += 1
@@ -83,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     if details:
         print()
         print("\n".join(details))
+    if declined:
+        print("\ndeclined (ParseError) cases, by reason: cases" + ("" if args.no_ort else " / of which ONNX Runtime passes"))
+        for reason, counts in sorted(declined.items(), key=lambda kv: -kv[1]["cases"]):
+            ort = "" if args.no_ort else f" / {counts['ort pass']}"
+            print(f"  {counts['cases']:4d}{ort}  {reason}")
     if args.skips and skips:
         print()
         print("\n".join(skips))

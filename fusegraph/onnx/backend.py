@@ -33,18 +33,40 @@ Key = tuple[tuple[Any, ...], ...]
 class FusegraphRep(BackendRep):
     """A prepared model: one Program per distinct specialization it has been run with."""
 
-    def __init__(self, model: onnx.ModelProto, program: Program | None = None,
-                 fixed: Sequence[str] = ()) -> None:
+    def __init__(self, model: onnx.ModelProto, fixed: Sequence[str] = (), fused: bool = False) -> None:
         self.model = model
+        self.fused = fused
         initializers = {t.name for t in model.graph.initializer}
-        self.input_names = [i.name for i in model.graph.input if i.name not in initializers]
+        self.inputs = [i for i in model.graph.input if i.name not in initializers]
+        self.input_names = [i.name for i in self.inputs]
         self.output_names = [o.name for o in model.graph.output]
         #: inputs whose values (not only shapes) the programs are specialized to
         self.fixed: set[str] = set(fixed)
         self._programs: dict[Key, Program] = {}
-        if program is not None:
-            shapes = program.input_shapes
-            self._programs[tuple((tuple(shapes[n].lens),) for n in self.input_names)] = program
+
+    def specialize(self, dims: Mapping[str, Sequence[int]]) -> Program:
+        """Parse the program for input shapes `dims` (every input, by name) and keep it."""
+        key = tuple((tuple(int(d) for d in dims[n]),) for n in self.input_names)
+        if key not in self._programs:
+            self._programs[key] = self._parse(self.model, dims)
+        return self._programs[key]
+
+    def _parse(self, model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]) -> Program:
+        program = parse_onnx(model, input_dims=dims)
+        if self.fused:
+            from fusegraph.passes.pipeline import fuse
+
+            fuse(program)
+        return program
+
+    def declared_dims(self, overrides: Mapping[str, Sequence[int]] | None = None) -> dict[str, list[int]]:
+        """The model's input shapes, unknown dimensions read as 1 (a run with real shapes re-specializes)."""
+        dims = {}
+        for value_info in self.inputs:
+            shape = value_info.type.tensor_type.shape.dim
+            dims[value_info.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in shape]
+        dims.update({k: list(v) for k, v in (overrides or {}).items()})
+        return dims
 
     def _key(self, feeds: Mapping[str, np.ndarray]) -> Key:
         return tuple((feeds[n].shape, feeds[n].dtype.str, feeds[n].tobytes()) if n in self.fixed else (feeds[n].shape,)
@@ -60,7 +82,7 @@ class FusegraphRep(BackendRep):
                 model.graph.initializer.extend(numpy_helper.from_array(feeds[n], n) for n in sorted(self.fixed))
             dims = {n: list(feeds[n].shape) for n in self.input_names if n not in self.fixed}
             try:
-                self._programs[key] = parse_onnx(model, input_dims=dims)
+                self._programs[key] = self._parse(model, dims)
             except DynamicValueError as e:
                 new = set(e.inputs) - self.fixed
                 if not new:
@@ -91,6 +113,9 @@ class FusegraphRep(BackendRep):
 class FusegraphBackend(Backend):
     """The ONNX backend API over fusegraph's NumPy reference target (CPU only)."""
 
+    #: run the fused program (after the whole pass pipeline) instead of the imported one
+    fused = False
+
     @classmethod
     def supports_device(cls, device: str) -> bool:
         try:
@@ -104,12 +129,19 @@ class FusegraphBackend(Backend):
         if not cls.supports_device(device):
             raise RuntimeError(f"fusegraph's reference backend runs on the CPU only, not on {device!r}")
         super().prepare(model, device, **kwargs)
+        return cls._rep(model, kwargs.get("input_dims"))
+
+    @classmethod
+    def _rep(cls, model: onnx.ModelProto, input_dims: Mapping[str, Sequence[int]] | None = None) -> FusegraphRep:
+        """A rep with its first program parsed, so that what fusegraph declines surfaces now."""
+        rep = FusegraphRep(model, fused=cls.fused)
         try:
-            return FusegraphRep(model, parse_onnx(model, input_dims=kwargs.get("input_dims")))
+            rep.specialize(rep.declared_dims(input_dims))
         except DynamicValueError as e:
             if not e.inputs:
                 raise
-            return FusegraphRep(model, fixed=e.inputs)  # specialized to their values at run time
+            rep.fixed |= set(e.inputs)  # specialized to their values at run time
+        return rep
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
@@ -119,7 +151,13 @@ class FusegraphBackend(Backend):
     def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
                  outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
                  **kwargs: Any) -> tuple[Any, ...]:
-        """Run one node: wrap it in a model whose inputs are the node's present inputs."""
+        """Run one node: wrap it in a model whose inputs are the node's present inputs.
+
+        The node is checked (by the base class); the model around it is not, since outputs
+        without `outputs_info` have no declared type.
+        """
+        if not cls.supports_device(device):
+            raise RuntimeError(f"fusegraph's reference backend runs on the CPU only, not on {device!r}")
         super().run_node(node, inputs, device, outputs_info, **kwargs)
         names = [n for n in node.input if n]
         arrays = [np.asarray(inputs[n]) for n in names] if isinstance(inputs, Mapping) else [np.asarray(x) for x in inputs]
@@ -138,10 +176,16 @@ class FusegraphBackend(Backend):
         graph = onnx.helper.make_graph([node], f"{node.op_type}_node", graph_inputs, graph_outputs)
         opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_operatorsetid("", opset)])
-        return cls.prepare(model, device, **kwargs).run(arrays)
+        return cls._rep(model).run(arrays)
 
 
 prepare = FusegraphBackend.prepare
 run_model = FusegraphBackend.run_model
 run_node = FusegraphBackend.run_node
 supports_device = FusegraphBackend.supports_device
+
+
+class FusedFusegraphBackend(FusegraphBackend):
+    """The same backend running fused programs: the conformance suite then checks the passes."""
+
+    fused = True

@@ -22,7 +22,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Expr, evaluate
 from fusegraph.ir.index_map import IndexMap
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import Op, OpKind, register, require
+from fusegraph.ops.base import Op, OpKind, is_float, register, require
 
 Domain = tuple[tuple[Expr, int, int], ...]
 
@@ -107,7 +107,9 @@ class Store(Op):
         grid = _grid(m)
         shape = m.out_lens
         idx = [np.broadcast_to(np.asarray(evaluate(e, grid), dtype=np.int64), shape) for e in m.exprs]
-        if self.attrs["domain"]:
+        if not idx:  # a 0-d buffer: the domain is a single element
+            out[...] = np.reshape(value, out.shape)
+        elif self.attrs["domain"]:
             mask = domain_mask(self.attrs["domain"], grid, shape)
             out[tuple(i[mask] for i in idx)] = value[mask]
         else:
@@ -134,7 +136,7 @@ class Allocate(Op):
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         dt = self.dtype.numpy
-        fill: Any = np.nan if dt.kind == "f" else (np.iinfo(dt).min if dt.kind in "iu" else True)
+        fill: Any = np.nan if is_float(dt) else (np.iinfo(dt).min if dt.kind in "iu" else True)
         return np.full(self.lens, fill, dtype=dt)
 
 

@@ -20,7 +20,7 @@ from fusegraph.ir.index_expr import bounds
 from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
-from fusegraph.passes.group_builder import GroupBuilder, Piece, kernel_name, place
+from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, kernel_name, place
 from fusegraph.passes.view_maps import view_input_map
 
 BIJECTIVE_VIEWS = ("reshape", "transpose", "squeeze", "unsqueeze", "flatten")
@@ -52,6 +52,8 @@ class _Epilogue:
         return False
 
     def absorb(self, ins: Instruction) -> list[Piece] | None:
+        if ins.shape.elements == 0:
+            return None
         op = ins.op.name
         src = [self.pieces.get(id(x)) for x in ins.inputs]
         if op in BIJECTIVE_VIEWS and src[0] is not None:
@@ -155,9 +157,12 @@ class FuseAnchors:
     def apply(self, module: Module) -> bool:
         changed = False
         for anchor in list(module.instructions):
-            if not self.wants(anchor) or anchor not in module.instructions:
+            if not self.wants(anchor) or anchor not in module.instructions or anchor.shape.elements == 0:
                 continue
-            self.fuse(module, anchor)
+            try:
+                self.fuse(module, anchor)
+            except Unfusable:
+                continue
             changed = True
         if changed:
             from fusegraph.passes.dead_code import DeadCodeElimination

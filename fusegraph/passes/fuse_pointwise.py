@@ -12,7 +12,7 @@ from fusegraph.ir.index_map import identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.passes.dead_code import DeadCodeElimination
-from fusegraph.passes.group_builder import GroupBuilder, Piece, kernel_name, place
+from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, kernel_name, place
 from fusegraph.passes.view_maps import view_input_map
 
 
@@ -43,12 +43,17 @@ class FusePointwise:
 
         roots = [i for i in module.instructions if i.op.kind == OpKind.POINTWISE and is_root(i)]
         root_ids = {id(r) for r in roots}
+        changed = False
         for root in roots:
             b = GroupBuilder(f"fused{sum(1 for i in module.instructions if i.op.name == 'fused')}",
                              inline=lambda ins: id(ins) not in root_ids)
-            value = b.add(root.op, [b.gather(x) for x in root.inputs], root.origin)
+            try:
+                value = b.add(root.op, [b.gather(x) for x in root.inputs], root.origin)
+            except Unfusable:
+                continue
+            changed = True
             fused = b.finish(root, [Piece(identity_map(root.shape.lens), (), value)], kernel_name(b.inlined + [root]))
             place(module, fused, root, [root])
-        if roots:
+        if changed:
             DeadCodeElimination().apply(module)
-        return bool(roots)
+        return changed

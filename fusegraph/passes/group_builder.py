@@ -20,6 +20,11 @@ from fusegraph.passes.view_maps import view_input_map
 SHORT_NAMES = {"convolution": "conv", "multibroadcast": "broadcast", "batch_norm": "bn", "pooling": "pool"}
 
 
+class Unfusable(Exception):
+    """Raised while building a group that cannot be expressed (an empty tensor has no index
+    map); the pass leaves the instruction as it is."""
+
+
 @dataclass(frozen=True)
 class Piece:
     """Part of a tensor computed by a group: its anchor-space index lands at `map(i)` on `domain`."""
@@ -56,6 +61,8 @@ class GroupBuilder:
 
         View chains fold into the map; producers `inline` accepts are recomputed here.
         """
+        if ins.shape.elements == 0:
+            raise Unfusable(f"empty tensor {ins.shape}")
         m = m if m is not None else identity_map(ins.shape.lens)
         key = (id(ins), m, domain)
         if key in self._gathers:
@@ -85,7 +92,22 @@ class GroupBuilder:
             buf = self.add(Store(p.map, p.domain), [buf, p.value], out.origin)
         self.sub.set_returns([buf], ["out"])
         DeadCodeElimination().apply(self.sub)
+        self._drop_unread_params()
         return Instruction(Fused(self.sub, kernel), self.inputs, buf.shape, out.origin)
+
+    def _drop_unread_params(self) -> None:
+        """Forget inputs only tentatively read (by epilogue members that were not kept)."""
+        read = {id(x) for ins in self.sub.instructions for x in ins.inputs}
+        keep = []
+        for outside, param in zip(list(self.inputs), [self._params[id(x)] for x in self.inputs]):
+            if id(param) in read:
+                keep.append(outside)
+            else:
+                self.sub.remove(param)
+                del self._params[id(outside)]
+        self.inputs = keep
+        for k, outside in enumerate(keep):
+            self._params[id(outside)].op.attrs["name"] = f"x{k}"
 
 
 def kernel_name(members: Sequence[Instruction]) -> str:

@@ -153,12 +153,13 @@ def parse_isinf(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
 
 @onnx_op("Mod")
 def parse_mod(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    """fmod=0 is the integer remainder with the divisor's sign; ONNX requires fmod=1 for floats."""
+    """fmod=0: the remainder takes the divisor's sign (floor division); fmod=1: the dividend's (C fmod).
+    Before opset 28, fmod=0 was defined for integers only."""
     a = ins[0]
     assert a is not None
     fmod = ctx.attr("fmod", 0)
-    if not fmod and not a.shape.dtype.is_integer:
-        raise ctx.error(f"fmod=0 needs integer inputs, got {a.shape.dtype.numpy.name} (ONNX requires fmod=1 for floats)")
+    if not fmod and not a.shape.dtype.is_integer and ctx.opset < 28:
+        raise ctx.error(f"fmod=0 with {a.shape.dtype.numpy.name} inputs is not defined before opset 28 (use fmod=1)")
     return binary(ctx, "fmod" if fmod else "mod", a, ins[1])  # type: ignore[arg-type]
 
 
