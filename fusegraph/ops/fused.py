@@ -44,6 +44,12 @@ def _grid(m: IndexMap) -> dict[str, np.ndarray]:
     return {v.name: a for v, a in zip(m.out_vars, idx)}
 
 
+def _mapped(m: IndexMap) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """The iteration grid of `m`'s domain and, for every domain index, the index it maps to."""
+    grid = _grid(m)
+    return grid, [np.broadcast_to(np.asarray(evaluate(e, grid), dtype=np.int64), m.out_lens) for e in m.exprs]
+
+
 @register
 class Load(Op):
     """Read input 0 at `map(i)` for every index i of the map's domain (zero outside `domain`)."""
@@ -69,8 +75,7 @@ class Load(Op):
         (x,) = args
         m: IndexMap = self.attrs["map"]
         shape = m.out_lens
-        grid = _grid(m)
-        idx = [np.broadcast_to(np.asarray(evaluate(e, grid), dtype=np.int64), shape) for e in m.exprs]
+        grid, idx = _mapped(m)
         if not self.attrs["domain"]:
             return x[tuple(idx)] if idx else np.broadcast_to(x, shape).copy()
         mask = domain_mask(self.attrs["domain"], grid, shape)
@@ -104,9 +109,8 @@ class Store(Op):
         dest, value = args
         m: IndexMap = self.attrs["map"]
         out = np.array(dest, copy=True)
-        grid = _grid(m)
         shape = m.out_lens
-        idx = [np.broadcast_to(np.asarray(evaluate(e, grid), dtype=np.int64), shape) for e in m.exprs]
+        grid, idx = _mapped(m)
         if not idx:  # a 0-d buffer: the domain is a single element
             out[...] = np.reshape(value, out.shape)
         elif self.attrs["domain"]:
