@@ -11,11 +11,14 @@ import argparse
 import sys
 import time
 import warnings
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from fusegraph.errors import FusegraphError
+
+if TYPE_CHECKING:
+    from fusegraph.ir.program import Program
 
 EPILOG = "MODEL is a path to an .onnx file or a zoo name (see `fusegraph zoo`)."
 
@@ -32,11 +35,12 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
 
 
-def _load(args: argparse.Namespace):  # -> Program
+def _load(args: argparse.Namespace, model: Any = None) -> "Program":
+    """The program of `args.model` (or of an already loaded `model`), with `--input-dim` applied."""
     from fusegraph import parse_onnx
     from fusegraph.driver.inputs import parse_input_dims
 
-    return parse_onnx(args.model, input_dims=parse_input_dims(args.input_dim))
+    return parse_onnx(args.model if model is None else model, input_dims=parse_input_dims(args.input_dim))
 
 
 def _fuse(program, args: argparse.Namespace) -> None:
@@ -93,7 +97,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from fusegraph.onnx.loader import load_model
 
     model = load_model(args.model)
-    program = _load(argparse.Namespace(**{**vars(args), "model": model}))
+    program = _load(args, model)
     label = "ref target"
     if args.fused:
         _fuse(program, args)

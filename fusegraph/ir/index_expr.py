@@ -204,46 +204,57 @@ class Var(Expr):
         return (Var, (self.name, self.extent))
 
 
-class FloorDiv(Expr):
+class _ByConstant(Expr):
+    """Shared shape of the two raw nodes that take an expression and a positive int divisor.
+
+    Subclasses give `_KIND` and `_range(lo, hi, d)`, the bounds of the node for an argument in
+    [lo, hi]; `arg` and `divisor` are set here, and copies rebuild through the subclass.
+    """
+
+    __slots__ = ("arg", "divisor")
+    arg: Expr
+    divisor: int
+    _KIND: int
+
+    def __init__(self, arg: Expr, divisor: int) -> None:
+        d = _check_divisor(divisor)
+        object.__setattr__(self, "arg", arg)
+        object.__setattr__(self, "divisor", d)
+        kind = type(self)._KIND
+        self._init((kind, arg._key, d), hash((kind, arg._hash, d)), self._range(*arg._bounds, d))
+
+    @staticmethod
+    def _range(lo: int, hi: int, d: int) -> tuple[int, int]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.arg, self.divisor))
+
+
+class FloorDiv(_ByConstant):
     """Raw node ``floor(arg / divisor)``, divisor a positive int. Build it with ``//``."""
 
-    __slots__ = ("arg", "divisor")
-    arg: Expr
-    divisor: int
+    __slots__ = ()
+    _KIND = _K_FLOORDIV
 
-    def __init__(self, arg: Expr, divisor: int) -> None:
-        d = _check_divisor(divisor)
-        object.__setattr__(self, "arg", arg)
-        object.__setattr__(self, "divisor", d)
-        lo, hi = arg._bounds
-        self._init((_K_FLOORDIV, arg._key, d), hash((_K_FLOORDIV, arg._hash, d)), (lo // d, hi // d))
-
-    def __reduce__(self) -> tuple:
-        return (FloorDiv, (self.arg, self.divisor))
+    @staticmethod
+    def _range(lo: int, hi: int, d: int) -> tuple[int, int]:
+        return lo // d, hi // d
 
 
-class Mod(Expr):
+class Mod(_ByConstant):
     """Raw node ``arg mod divisor`` (floor semantics), divisor a positive int. Build it with ``%``."""
 
-    __slots__ = ("arg", "divisor")
-    arg: Expr
-    divisor: int
+    __slots__ = ()
+    _KIND = _K_MOD
 
-    def __init__(self, arg: Expr, divisor: int) -> None:
-        d = _check_divisor(divisor)
-        object.__setattr__(self, "arg", arg)
-        object.__setattr__(self, "divisor", d)
-        lo, hi = arg._bounds
+    @staticmethod
+    def _range(lo: int, hi: int, d: int) -> tuple[int, int]:
         if lo // d == hi // d:
-            bnds = (lo % d, hi % d)
-        elif lo >= 0:
-            bnds = (0, min(d - 1, hi))
-        else:
-            bnds = (0, d - 1)
-        self._init((_K_MOD, arg._key, d), hash((_K_MOD, arg._hash, d)), bnds)
-
-    def __reduce__(self) -> tuple:
-        return (Mod, (self.arg, self.divisor))
+            return lo % d, hi % d
+        if lo >= 0:
+            return 0, min(d - 1, hi)
+        return 0, d - 1
 
 
 class Prod(Expr):

@@ -67,11 +67,15 @@ class Module:
         return Instruction(op, inputs, shape, origin)
 
     def add_param(self, name: str, shape: Shape) -> Instruction:
-        from fusegraph.ops.source import Param
-
-        ins = Instruction(Param(name=name), [], shape, name)
+        ins = self.make_param(name, shape)
         self._append(ins)
         return ins
+
+    def make_param(self, name: str, shape: Shape) -> Instruction:
+        """A parameter instruction, not yet placed in the module."""
+        from fusegraph.ops.source import Param
+
+        return Instruction(Param(name=name), [], shape, name)
 
     def add_literal(self, value: np.ndarray | float | int, dtype: DType | None = None, origin: str = "") -> Instruction:
         ins = self.make_literal(value, dtype, origin)
@@ -127,6 +131,16 @@ class Module:
 
     def remove(self, ins: Instruction) -> None:
         self.instructions.remove(ins)
+
+    def replace(self, old: Instruction, new: Instruction) -> None:
+        """Put `new` in `old`'s place: readers (and returns) of `old` read `new`, `old` is removed.
+
+        `new` is inserted before `old` unless it is already in the module.
+        """
+        if new.module is not self or new not in self.instructions:
+            self.insert_before(old, new)
+        self.replace_uses(old, new)
+        self.remove(old)
 
     def sort(self) -> None:
         """Restore a topological order (stable: keeps the current order where it is valid)."""

@@ -50,12 +50,8 @@ def _mapped(m: IndexMap) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     return grid, [np.broadcast_to(np.asarray(evaluate(e, grid), dtype=np.int64), m.out_lens) for e in m.exprs]
 
 
-@register
-class Load(Op):
-    """Read input 0 at `map(i)` for every index i of the map's domain (zero outside `domain`)."""
-
-    name = "load"
-    kind = OpKind.VIEW
+class MappedOp(Op):
+    """An op addressing a buffer through an index map, on an optional domain."""
 
     def __init__(self, map: IndexMap, domain: Domain = ()) -> None:
         super().__init__()
@@ -64,6 +60,14 @@ class Load(Op):
     def attr_text(self) -> str:
         text = str(self.attrs["map"])
         return text + (f" if {domain_text(self.attrs['domain'])}" if self.attrs["domain"] else "")
+
+
+@register
+class Load(MappedOp):
+    """Read input 0 at `map(i)` for every index i of the map's domain (zero outside `domain`)."""
+
+    name = "load"
+    kind = OpKind.VIEW
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         (x,) = inputs
@@ -85,17 +89,11 @@ class Load(Op):
 
 
 @register
-class Store(Op):
+class Store(MappedOp):
     """Write input 1 (on the map's domain) into a copy of buffer input 0 at `map(i)`."""
 
     name = "store"
     kind = OpKind.MOVE
-
-    def __init__(self, map: IndexMap, domain: Domain = ()) -> None:
-        super().__init__()
-        self.attrs = {"map": map, "domain": tuple(domain)}
-
-    attr_text = Load.attr_text
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         dest, value = inputs

@@ -141,9 +141,6 @@ class Slice(ViewOp):
             na.append(a); ns.append(s2); ne.append(e2); nst.append(st2)
         return Slice(na, ns, ne, nst)
 
-    def out_len(self, n: int, start: int, end: int, step: int) -> int:
-        return len(range(start, end, step))
-
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         (x,) = inputs
         lens, strides, offset = list(x.lens), list(x.strides), x.offset

@@ -28,9 +28,7 @@ def fold(module: Module, ins: Instruction) -> Instruction:
     with np.errstate(all="ignore"):
         value = ins.op.reference([x.op.value for x in ins.inputs])  # type: ignore[attr-defined]
     lit = module.make_literal(np.asarray(value, dtype=ins.shape.dtype.numpy).reshape(ins.shape.lens), origin=ins.origin)
-    module.insert_before(ins, lit)
-    module.replace_uses(ins, lit)
-    module.remove(ins)
+    module.replace(ins, lit)
     return lit
 
 

@@ -9,51 +9,36 @@ is not a fused kernel of its own gets a copy kernel into its slice.
 
 from __future__ import annotations
 
-from fusegraph.ir.index_map import embed_map
+from fusegraph.ir.index_map import IndexMap, embed_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.fused import Allocate, Fused, Store
 from fusegraph.ops.views import Slice
 from fusegraph.passes.dead_code import DeadCodeElimination
-from fusegraph.passes.group_builder import GroupBuilder, Piece
+from fusegraph.passes.group_builder import GroupBuilder, group_name
+
+
+def _store_chain(sub: Module) -> tuple[list[Instruction], Instruction]:
+    """The stores a group's result goes through (first to last) and the buffer they start from."""
+    stores = []
+    ins = sub.returns[0]
+    while ins.op.name == "store":
+        stores.append(ins)
+        ins = ins.inputs[0]
+    return stores[::-1], ins
 
 
 def _retargetable(ins: Instruction) -> bool:
-    if not isinstance(ins.op, Fused):
-        return False
-    sub = ins.op.module
-    (ret,) = sub.returns
-    chain = ret
-    while chain.op.name == "store":
-        chain = chain.inputs[0]
-    return chain.op.name == "allocate"
+    return isinstance(ins.op, Fused) and _store_chain(ins.op.module)[1].op.name == "allocate"
 
 
-def retarget(module: Module, fused: Instruction, buffer: Instruction, emb) -> Instruction:
-    """A copy of `fused` that stores through `emb` into `buffer` (a new last input)."""
+def retarget(module: Module, fused: Instruction, buffer: Instruction, emb: IndexMap) -> Instruction:
+    """`fused` storing through `emb` into `buffer` (its new last input) instead of a fresh buffer."""
     sub = fused.op.module
-    dest = sub.make(Allocate(buffer.shape.dtype, buffer.shape.lens), [])
-    from fusegraph.ir.program import Instruction as I  # noqa: N814
-
-    param = I(__import__("fusegraph.ops.source", fromlist=["Param"]).Param(name=f"x{len(fused.inputs)}"),
-              [], buffer.shape.as_standard(), "dest")
-    stores = []
-    ret = sub.returns[0]
-    while ret.op.name == "store":
-        stores.append(ret)
-        ret = ret.inputs[0]
-    alloc = ret
-    param.module = sub
-    sub.instructions[sub.instructions.index(alloc)] = param
-    cur = param
-    for st in reversed(stores):
-        new = sub.make(Store(emb.after(st.op.attrs["map"]), st.op.attrs["domain"]), [cur, st.inputs[1]], st.origin)
-        sub.insert_before(st, new)
-        sub.remove(st)
-        cur = new
-    sub.set_returns([cur], ["out"])
-    del dest
-    new_fused = module.make(Fused(sub, fused.op.attrs["kernel"]), [*fused.inputs, buffer], fused.origin)
-    return new_fused
+    stores, alloc = _store_chain(sub)
+    sub.replace(alloc, sub.make_param(f"x{len(fused.inputs)}", buffer.shape.as_standard()))
+    for st in stores:
+        sub.replace(st, sub.make(Store(emb.after(st.op.attrs["map"]), st.op.attrs["domain"]), st.inputs, st.origin))
+    return module.make(Fused(sub, fused.op.attrs["kernel"]), [*fused.inputs, buffer], fused.origin)
 
 
 class EliminateConcat:
@@ -102,7 +87,7 @@ class EliminateConcat:
                         r.inputs = [part if i is x else i for i in r.inputs]
                 module.remove(x)
             else:
-                b = GroupBuilder(f"fused{sum(1 for i in module.instructions if i.op.name == 'fused')}")
+                b = GroupBuilder(group_name(module))
                 value = b.gather(x)
                 dest = b.param(buf)
                 st = b.add(Store(emb, ()), [dest, value], concat.origin)

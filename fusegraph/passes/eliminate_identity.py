@@ -9,13 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
-
-
-def _constant_value(ins: Instruction) -> np.ndarray | None:
-    """The literal an instruction reads, looking through broadcasts."""
-    while ins.op.name == "multibroadcast":
-        ins = ins.inputs[0]
-    return ins.op.value if ins.op.name == "@literal" else None  # type: ignore[attr-defined]
+from fusegraph.passes.literal_values import broadcast_literal
 
 
 def is_identity(ins: Instruction) -> bool:
@@ -25,7 +19,7 @@ def is_identity(ins: Instruction) -> bool:
         return src.lens == ins.shape.lens and src.dtype == ins.shape.dtype and src.strides == ins.shape.strides \
             and src.offset == ins.shape.offset
     if op in ("mul", "add", "sub", "div"):
-        value = _constant_value(ins.inputs[1])
+        value = broadcast_literal(ins.inputs[1])
         neutral = 1 if op in ("mul", "div") else 0
         return value is not None and ins.inputs[0].shape == ins.shape and bool(np.all(value == neutral))
     return False
@@ -38,7 +32,6 @@ class EliminateIdentity:
         changed = False
         for ins in list(module.instructions):
             if is_identity(ins):
-                module.replace_uses(ins, ins.inputs[0])
-                module.remove(ins)
+                module.replace(ins, ins.inputs[0])
                 changed = True
         return changed

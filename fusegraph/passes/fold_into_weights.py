@@ -13,25 +13,7 @@ import numpy as np
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import make_op
 from fusegraph.ops.views import MultiBroadcast
-
-
-def broadcast_literal(ins: Instruction) -> np.ndarray | None:
-    """The value of a literal seen through its broadcast, at the broadcast's rank (size-1 dims kept)."""
-    if ins.op.name == "@literal":
-        return ins.op.value  # type: ignore[attr-defined]
-    if ins.op.name == "multibroadcast" and ins.inputs[0].op.name == "@literal":
-        v = ins.inputs[0].op.value  # type: ignore[attr-defined]
-        return v.reshape((1,) * (ins.shape.ndim - v.ndim) + v.shape)
-    return None
-
-
-def per_channel(value: np.ndarray | None, rank: int, axis: int, channels: int) -> np.ndarray | None:
-    """`value` as a vector over `axis` if it varies along that axis only (or nowhere)."""
-    if value is None or value.ndim != rank:
-        return None
-    if any(n != 1 for i, n in enumerate(value.shape) if i != axis):
-        return None
-    return np.broadcast_to(value.reshape(-1), (channels,)) if value.shape[axis] in (1, channels) else None
+from fusegraph.passes.literal_values import broadcast_literal, per_channel
 
 
 def _only_reader(users: dict[Instruction, list[Instruction]], ins: Instruction, module: Module) -> bool:

@@ -20,7 +20,7 @@ from fusegraph.ir.index_expr import bounds
 from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
-from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, kernel_name, place
+from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
 from fusegraph.passes.view_maps import view_input_map
 
 BIJECTIVE_VIEWS = ("reshape", "transpose", "squeeze", "unsqueeze", "flatten")
@@ -175,7 +175,7 @@ class FuseAnchors:
 
     def fuse(self, module: Module, anchor: Instruction) -> Instruction:
         inline = (lambda ins: True) if self.inline_prologue else (lambda ins: False)
-        b = GroupBuilder(f"fused{sum(1 for i in module.instructions if i.op.name == 'fused')}", inline)
+        b = GroupBuilder(group_name(module), inline)
         value = b.add(anchor.op, [b.gather(x) for x in anchor.inputs], anchor.origin)
         out, pieces, members = _Epilogue(module, anchor, b).grow(value)
         fused = b.finish(out, pieces, kernel_name(b.inlined + members))

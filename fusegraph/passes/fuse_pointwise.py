@@ -12,7 +12,7 @@ from fusegraph.ir.index_map import identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.passes.dead_code import DeadCodeElimination
-from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, kernel_name, place
+from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
 from fusegraph.passes.view_maps import view_input_map
 
 
@@ -45,8 +45,7 @@ class FusePointwise:
         root_ids = {id(r) for r in roots}
         changed = False
         for root in roots:
-            b = GroupBuilder(f"fused{sum(1 for i in module.instructions if i.op.name == 'fused')}",
-                             inline=lambda ins: id(ins) not in root_ids)
+            b = GroupBuilder(group_name(module), inline=lambda ins: id(ins) not in root_ids)
             try:
                 value = b.add(root.op, [b.gather(x) for x in root.inputs], root.origin)
             except Unfusable:

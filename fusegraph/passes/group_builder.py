@@ -129,5 +129,6 @@ def place(module: Module, fused: Instruction, output: Instruction, members: Sequ
     module.instructions = [i for i in module.instructions if id(i) not in gone or i is fused]
 
 
-def unique_name(module: Module, prefix: str) -> str:
-    return f"{prefix}{sum(1 for i in module.instructions if i.op.name == 'fused')}"
+def group_name(module: Module) -> str:
+    """A name for the next group's sub-module: `fused` and the number of groups so far."""
+    return f"fused{sum(1 for i in module.instructions if i.op.name == 'fused')}"

@@ -27,9 +27,7 @@ def _merge(module: Module, ins: Instruction) -> bool:
         new = module.make(Reshape(ins.shape.lens), [src], ins.origin)
     else:
         return False
-    module.insert_before(ins, new)
-    module.replace_uses(ins, new)
-    module.remove(ins)
+    module.replace(ins, new)
     return True
 
 

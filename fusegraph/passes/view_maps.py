@@ -54,7 +54,3 @@ def _nearest_resize_map(ins: Instruction) -> IndexMap | None:
         else:
             return None
     return IndexMap(vars_, exprs, src)
-
-
-def is_view(ins: Instruction) -> bool:
-    return view_input_map(ins) is not None

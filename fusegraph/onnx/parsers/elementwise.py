@@ -109,40 +109,22 @@ def _highest(dt: np.dtype) -> np.ndarray:
     return np.array(np.inf if is_float(dt) else np.iinfo(dt).max, dt)
 
 
-@onnx_op("LeakyRelu")
-def parse_leaky_relu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    return ctx.add(pw.LeakyRelu(ctx.attr("alpha", 0.01)), [ins[0]])  # type: ignore[list-item]
+#: ONNX ops that are one pointwise op with float attributes: (op class, (attribute, default)...)
+_WITH_ATTRIBUTES: dict[str, tuple[type, tuple[tuple[str, float], ...]]] = {
+    "LeakyRelu": (pw.LeakyRelu, (("alpha", 0.01),)),
+    "HardSigmoid": (pw.HardSigmoid, (("alpha", 0.2), ("beta", 0.5))),
+    "Elu": (pw.Elu, (("alpha", 1.0),)),
+    "Selu": (pw.Elu, (("alpha", 1.67326319217681884765625), ("gamma", 1.05070102214813232421875))),
+    "Celu": (pw.Celu, (("alpha", 1.0),)),
+    "ThresholdedRelu": (pw.ThresholdedRelu, (("alpha", 1.0),)),
+    "Shrink": (pw.Shrink, (("bias", 0.0), ("lambd", 0.5))),
+}
 
 
-@onnx_op("HardSigmoid")
-def parse_hard_sigmoid(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    return ctx.add(pw.HardSigmoid(ctx.attr("alpha", 0.2), ctx.attr("beta", 0.5)), [ins[0]])  # type: ignore[list-item]
-
-
-@onnx_op("Elu")
-def parse_elu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    return ctx.add(pw.Elu(ctx.attr("alpha", 1.0)), [ins[0]])  # type: ignore[list-item]
-
-
-@onnx_op("Selu")
-def parse_selu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    op = pw.Elu(ctx.attr("alpha", 1.67326319217681884765625), ctx.attr("gamma", 1.05070102214813232421875))
-    return ctx.add(op, [ins[0]])  # type: ignore[list-item]
-
-
-@onnx_op("Celu")
-def parse_celu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    return ctx.add(pw.Celu(ctx.attr("alpha", 1.0)), [ins[0]])  # type: ignore[list-item]
-
-
-@onnx_op("ThresholdedRelu")
-def parse_thresholded_relu(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    return ctx.add(pw.ThresholdedRelu(ctx.attr("alpha", 1.0)), [ins[0]])  # type: ignore[list-item]
-
-
-@onnx_op("Shrink")
-def parse_shrink(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    return ctx.add(pw.Shrink(ctx.attr("bias", 0.0), ctx.attr("lambd", 0.5)), [ins[0]])  # type: ignore[list-item]
+@onnx_op(*_WITH_ATTRIBUTES)
+def parse_with_attributes(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    cls, attrs = _WITH_ATTRIBUTES[ctx.node.op_type]  # type: ignore[union-attr]
+    return ctx.add(cls(*(ctx.attr(name, default) for name, default in attrs)), [ins[0]])  # type: ignore[list-item]
 
 
 @onnx_op("IsInf")
