@@ -35,6 +35,13 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
 
 
+def _precision_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--fp16", action="store_true", help="convert weights and inputs to float16 (fp32 accumulation)")
+    g.add_argument("--bf16", action="store_true", help="convert weights and inputs to bfloat16 (fp32 accumulation)")
+    p.add_argument("--allow-tf32", action="store_true", help="let fp32 matrix products use tf32 tensor cores")
+
+
 def _load(args: argparse.Namespace, model: Any = None) -> "Program":
     """The program of `args.model` (or of an already loaded `model`), with `--input-dim` applied."""
     from fusegraph import parse_onnx
@@ -91,11 +98,65 @@ def _summary(name: str, v: np.ndarray) -> str:
     return head
 
 
+def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
+    from fusegraph.targets.gpu.compiled_program import progress_printer
+
+    return {"fp16": args.fp16, "bf16": args.bf16, "allow_tf32": args.allow_tf32,
+            "tune": not args.no_tune, "exhaustive_tune": args.exhaustive_tune, "progress": progress_printer()}
+
+
+def _verify_gpu(args: argparse.Namespace) -> int:
+    """The gpu target against the (unfused, fp32) reference target on the same inputs."""
+    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.verify import compare
+
+    program = _load(args)
+    compiled = program.compile(target="gpu", **_gpu_options(args))
+    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    want = program.run(inputs)
+    compiled.poison()
+    got = compiled.run(inputs)
+    tolerance = args.tolerance if args.tolerance is not None else (1e-2 if args.fp16 or args.bf16 else
+                                                                    (1e-3 if args.allow_tf32 else 1e-4))
+    mode = "fp16" if args.fp16 else "bf16" if args.bf16 else ("fp32, tf32 products" if args.allow_tf32 else "fp32")
+    where = "Triton interpreter (CPU)" if compiled.interpreted else "GPU"
+    print(f"fusegraph gpu target ({mode}, {compiled.kernel_count} kernels, {where}) vs ref target, seed {args.seed}:")
+    ok = True
+    for name, value in want.items():
+        c = compare(name, np.asarray(got[name]).astype(value.dtype), value, tolerance)
+        print("  " + c.line())
+        ok &= c.passed
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def cmd_perf(args: argparse.Namespace) -> int:
+    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.perf import chrome_trace, perf_report
+
+    program = _load(args)
+    compiled = program.compile(target="gpu", **_gpu_options(args))
+    if compiled.interpreted:
+        print("fusegraph: error: perf needs a GPU (kernels run under the Triton interpreter here)", file=sys.stderr)
+        return 2
+    compiled.run(load_inputs(args.input, program.input_shapes, args.seed))
+    print(perf_report(compiled, args.iterations))
+    if args.trace:
+        with open(args.trace, "w") as f:
+            f.write(chrome_trace(compiled))
+        print(f"Chrome trace of one run written to {args.trace}")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from fusegraph.driver.inputs import load_inputs
     from fusegraph.driver.verify import compare, run_onnxruntime
     from fusegraph.onnx.loader import load_model
 
+    if args.target == "gpu":
+        return _verify_gpu(args)
+    if args.tolerance is None:
+        args.tolerance = 1e-5
     model = load_model(args.model)
     program = _load(args, model)
     label = "ref target"
@@ -119,9 +180,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from fusegraph.passes.pipeline import compile_program
 
     program = _load(args)
+    if args.fp16 or args.bf16:
+        from fusegraph.ir.dtypes import DType
+        from fusegraph.passes.to_half import ToHalf
+
+        ToHalf(DType.bfloat16 if args.bf16 else DType.float16).apply(program.main)
     report = compile_program(program, trace=args.trace_passes, out=sys.stdout)
     if args.print:
         print(program, end="")
+    if args.kernels:
+        from fusegraph.targets.gpu.codegen import program_kernels
+
+        for src in program_kernels(program, allow_tf32=args.allow_tf32):
+            print(f"# {src.name}: template {src.template}, configs {src.configs}")
+            print(src.body)
     print(report)
     return 0
 
@@ -147,7 +219,9 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "read": (cmd_read, "parse a model and print its program (one line per instruction, lens and strides)"),
     "compile": (cmd_compile, "run the fusion passes and report the fused kernels"),
     "run": (cmd_run, "run a model on the NumPy reference target and summarize its outputs"),
-    "verify": (cmd_verify, "compare the reference target with ONNX Runtime on the same random inputs"),
+    "verify": (cmd_verify, "compare the reference target with ONNX Runtime (or, with --target gpu, the gpu "
+                           "target with the reference target) on the same random inputs"),
+    "perf": (cmd_perf, "compile for the GPU and time the program kernel by kernel and end to end"),
     "zoo": (cmd_zoo, "list the models built into fusegraph"),
     "ops": (cmd_ops, "list the supported ONNX ops"),
 }
@@ -161,20 +235,34 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (fn, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)
         p.set_defaults(func=fn)
-        if name in ("read", "compile", "run", "verify"):
+        if name in ("read", "compile", "run", "verify", "perf"):
             _model_args(p)
-        if name in ("run", "verify"):
+        if name in ("run", "verify", "perf"):
             _run_args(p)
+        if name in ("run", "verify"):
             p.add_argument("--fused", action="store_true", help="run the fused program (after the fusion passes)")
+        if name in ("compile", "verify", "perf"):
+            _precision_args(p)
+        if name in ("verify", "perf"):
+            p.add_argument("--no-tune", action="store_true", help="use each kernel's default block sizes")
+            p.add_argument("--exhaustive-tune", action="store_true", help="time every candidate config of each kernel")
         if name == "run":
             p.add_argument("--save", metavar="DIR", help="save each output as DIR/NAME.npy")
         if name == "verify":
-            p.add_argument("--tolerance", type=float, default=1e-5,
-                           help="largest relative norm error that passes (default 1e-5)")
+            p.add_argument("--target", choices=("ref", "gpu"), default="ref",
+                           help="ref: the reference target vs ONNX Runtime (default); gpu: the gpu target vs the "
+                                "reference target")
+            p.add_argument("--tolerance", type=float, default=None,
+                           help="largest relative norm error that passes (default 1e-5 for ref; for gpu 1e-4 in "
+                                "fp32, 1e-3 with --allow-tf32, 1e-2 in fp16/bf16)")
+        if name == "perf":
+            p.add_argument("-n", "--iterations", type=int, default=100, help="timed runs (default 100)")
+            p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (JSON) of one run")
         if name == "compile":
             p.add_argument("--print", action="store_true", help="print the fused program")
             p.add_argument("--trace-passes", action="store_true",
                            help="print the program after each pass and the time each pass took")
+            p.add_argument("--kernels", action="store_true", help="print the generated Triton source of every kernel")
     return parser
 
 

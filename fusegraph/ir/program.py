@@ -208,6 +208,15 @@ class Program:
 
         return run_program(self, inputs)
 
+    def compile(self, target: str = "gpu", **options: Any) -> Any:
+        """Compile for `target` ("gpu"): a CompiledProgram with `run(inputs)`. Options: fp16,
+        bf16, allow_tf32, tune, exhaustive_tune, progress (see targets/gpu/compiler.py)."""
+        if target != "gpu":
+            raise ValueError(f"unknown target {target!r}; the compiled target is 'gpu' (the reference target is Program.run)")
+        from fusegraph.targets.gpu.compiler import compile_gpu
+
+        return compile_gpu(self, **options)
+
     def __str__(self) -> str:
         from fusegraph.ir.printer import format_program
 

@@ -1,0 +1,281 @@
+"""A fused program compiled for the GPU: its kernels, its buffers and how to run them.
+
+Weights are uploaded once; every intermediate lives in one arena planned from liveness;
+outputs have buffers of their own. On a GPU the whole program is captured once into a CUDA
+graph per set of input addresses and replayed, so a run costs one graph launch however many
+kernels it holds. Without a GPU the same kernels run under Triton's interpreter (on the CPU),
+which is how CI tests them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from fusegraph.errors import InputError
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Instruction, Program
+from fusegraph.targets.gpu.kernel_source import Config, KernelSource
+from fusegraph.targets.gpu.memory_plan import Buffer, MemoryPlan, plan_memory
+
+
+def use_interpreter_without_gpu() -> bool:
+    """Set TRITON_INTERPRET=1 when no GPU is present (before any kernel is defined)."""
+    import torch
+
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+def torch_dtype(d: DType) -> Any:
+    import torch
+
+    return {DType.float32: torch.float32, DType.float16: torch.float16, DType.bfloat16: torch.bfloat16,
+            DType.float64: torch.float64, DType.int64: torch.int64, DType.int32: torch.int32,
+            DType.int16: torch.int16, DType.int8: torch.int8, DType.uint8: torch.uint8, DType.bool: torch.bool}[d]
+
+
+@dataclass
+class Kernel:
+    """One launch: the generated source, the Triton function, its config and arguments."""
+
+    ins: Instruction
+    src: KernelSource
+    fn: Any
+    config: Config
+    args: list[Buffer]
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return self.src.grid(self.config)
+
+    def launch(self, tensors: list[Any], config: Config | None = None) -> None:
+        c = config or self.config
+        constexprs = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
+        self.fn[self.src.grid(c)](*tensors, **constexprs, num_warps=c["num_warps"], num_stages=c["num_stages"])
+
+
+class CompiledProgram:
+    """Run with `run(inputs)`; `replay()` re-runs the last bound inputs (for timing)."""
+
+    def __init__(self, program: Program, kernels: list[Kernel], plan: MemoryPlan, device: str,
+                 compile_seconds: float, options: dict[str, Any]) -> None:
+        import torch
+
+        self.program = program
+        self.kernels = kernels
+        self.plan = plan
+        self.device = device
+        self.compile_seconds = compile_seconds
+        self.options = options
+        self.interpreted = device == "cpu"
+        main = program.main
+        self._params = {k: v for k, v in main.params.items()}
+        self._tensors: dict[int, Any] = {}
+        arena = torch.empty(max(plan.arena_bytes, 1), dtype=torch.uint8, device=device)
+        self._arena = arena
+        for ins in main.instructions:
+            b = plan.of.get(id(ins))
+            if b is None or b.id in self._tensors:
+                continue
+            dt = torch_dtype(b.shape.dtype)
+            n = max(1, b.shape.elements)
+            if b.kind == "literal":
+                value = np.ascontiguousarray(ins.op.value)
+                self._tensors[b.id] = torch.from_numpy(value.reshape(-1).copy()).to(device)
+            elif b.kind == "arena":
+                self._tensors[b.id] = arena[b.offset:b.offset + n * b.shape.dtype.itemsize].view(dt)
+            elif b.kind == "output":
+                self._tensors[b.id] = torch.empty(n, dtype=dt, device=device)
+        self._graphs: dict[tuple, Any] = {}
+        self._bound: tuple | None = None
+
+    # -- facts -------------------------------------------------------------------------
+    @property
+    def kernel_count(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def input_shapes(self) -> dict[str, Any]:
+        return {k: v.shape for k, v in self._params.items()}
+
+    def kernel_sources(self) -> str:
+        return "\n".join(f"# {k.ins.name}: {k.src.kernel_name}, template {k.src.template}, config {k.config}\n{k.src.body}"
+                         for k in self.kernels)
+
+    def poison(self) -> None:
+        """Fill every intermediate and output buffer with NaN (integers with their minimum), so
+        a test run shows any element a kernel failed to write."""
+        import torch
+
+        self._arena.fill_(0xFF)  # NaN in every float format, -1 in integers
+        for b in self.plan.buffers:
+            if b.kind == "output":
+                t = self._tensors[b.id]
+                t.fill_(float("nan") if t.is_floating_point() else (True if t.dtype == torch.bool else torch.iinfo(t.dtype).min))
+
+    # -- running -----------------------------------------------------------------------
+    def _inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        import torch
+
+        unknown = sorted(set(inputs) - set(self._params))
+        missing = sorted(set(self._params) - set(inputs))
+        if unknown or missing:
+            raise InputError(f"unknown {unknown} / missing {missing} inputs; the program expects: " +
+                             ", ".join(f"{k} {list(p.shape.lens)} {p.shape.dtype.numpy.name}" for k, p in self._params.items()))
+        out: dict[str, Any] = {}
+        host = False
+        for name, p in self._params.items():
+            v = inputs[name]
+            want = torch_dtype(p.shape.dtype)
+            if not isinstance(v, torch.Tensor):
+                host = True
+                arr = np.asarray(v)
+                if arr.dtype != p.shape.dtype.numpy and not (arr.dtype.kind == "f" and p.shape.dtype.is_float):
+                    raise InputError(f"input {name!r} has dtype {arr.dtype.name}, expected {p.shape.dtype.numpy.name}")
+                v = torch.from_numpy(np.ascontiguousarray(arr))
+                staging = self._staging(name, p, want)
+                staging.copy_(v.reshape(-1).to(want))
+                v = staging
+            else:
+                if tuple(v.shape) != p.shape.lens:
+                    raise InputError(f"input {name!r} has shape {list(v.shape)}, expected {list(p.shape.lens)}")
+                if v.device.type != torch.device(self.device).type:
+                    v = v.to(self.device)
+                if v.dtype != want:
+                    v = v.to(want)
+                v = v.contiguous().reshape(-1)
+            if tuple(v.shape) != (max(1, p.shape.elements),) and v.numel() != p.shape.elements:
+                raise InputError(f"input {name!r} has {v.numel()} elements, expected {p.shape.elements}")
+            out[name] = v
+        return out, host
+
+    def _staging(self, name: str, p: Instruction, dtype: Any) -> Any:
+        import torch
+
+        key = -1 - list(self._params).index(name)
+        if key not in self._tensors:
+            self._tensors[key] = torch.empty(max(1, p.shape.elements), dtype=dtype, device=self.device)
+        return self._tensors[key]
+
+    def _args(self, kernel: Kernel, inputs: Mapping[str, Any]) -> list[Any]:
+        return [inputs[b.name] if b.kind == "param" else self._tensors[b.id] for b in kernel.args]
+
+    def _launch_all(self, inputs: Mapping[str, Any]) -> None:
+        for k in self.kernels:
+            k.launch(self._args(k, inputs))
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        """Bind inputs (and capture a graph for their addresses on a GPU) without running."""
+        import torch
+
+        tensors, _ = self._inputs(inputs)
+        self._bound_inputs = tensors
+        if self.interpreted:
+            return
+        key = tuple(t.data_ptr() for t in tensors.values())
+        if key not in self._graphs:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._launch_all(tensors)  # compiles and warms up outside the capture
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._launch_all(tensors)
+            if len(self._graphs) >= 4:
+                self._graphs.pop(next(iter(self._graphs)))
+            self._graphs[key] = (graph, tensors)
+        self._bound = key
+
+    def replay(self) -> None:
+        """Run the program on the last bound inputs (one graph launch on a GPU)."""
+        if self.interpreted:
+            self._launch_all(self._bound_inputs)
+            return
+        if self._bound is None:
+            raise RuntimeError("bind inputs first")
+        self._graphs[self._bound][0].replay()
+
+    def outputs(self) -> dict[str, Any]:
+        """The output tensors (views of buffers the next run overwrites)."""
+        import torch
+
+        main = self.program.main
+        out = {}
+        for name, r in zip(main.return_names, main.returns):
+            b = self.plan.of[id(r)]
+            base = self._tensors[b.id] if b.kind != "param" else self._bound_inputs[b.name]
+            out[name] = torch.as_strided(base, r.shape.lens, r.shape.strides, r.shape.offset)
+        return out
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run once. NumPy inputs give NumPy outputs (copies); torch tensors give device tensors
+        that stay valid until the next run."""
+        _, host = self._inputs(inputs)
+        self.bind(inputs)
+        self.replay()
+        outs = self.outputs()
+        if host:
+            return {k: v.detach().cpu().numpy().copy() for k, v in outs.items()}
+        return outs
+
+    # -- timing ------------------------------------------------------------------------
+    def time_kernels(self, iterations: int = 50) -> list[float]:
+        """Mean milliseconds of each kernel, launched one by one with events around each."""
+        import torch
+
+        if self.interpreted:
+            raise RuntimeError("kernel timing needs a GPU")
+        args = [self._args(k, self._bound_inputs) for k in self.kernels]
+        starts = [[torch.cuda.Event(enable_timing=True) for _ in self.kernels] for _ in range(iterations)]
+        ends = [[torch.cuda.Event(enable_timing=True) for _ in self.kernels] for _ in range(iterations)]
+        for it in range(iterations):
+            for j, k in enumerate(self.kernels):
+                starts[it][j].record()
+                k.launch(args[j])
+                ends[it][j].record()
+        torch.cuda.synchronize()
+        return [float(np.mean([starts[it][j].elapsed_time(ends[it][j]) for it in range(iterations)]))
+                for j in range(len(self.kernels))]
+
+    def time_runs(self, iterations: int = 100) -> list[float]:
+        """Milliseconds of each of `iterations` graph replays (GPU time, events around each)."""
+        import torch
+
+        out = []
+        for _ in range(iterations):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            self.replay()
+            e.record()
+            e.synchronize()
+            out.append(s.elapsed_time(e))
+        return out
+
+
+def progress_printer(stream: Any = None) -> Callable[[str, int, int], None]:
+    """A one-line progress bar on stderr: `compiling kernels [#####-----] 31/65`."""
+    out = stream or sys.stderr
+    last = [0.0]
+
+    def show(what: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last[0] < 0.1:
+            return
+        last[0] = now
+        width = 30
+        filled = width * done // max(1, total)
+        out.write(f"\r{what} [{'#' * filled}{'-' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            out.write("\n")
+        out.flush()
+
+    return show

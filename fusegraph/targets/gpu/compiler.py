@@ -1,0 +1,99 @@
+"""Program -> CompiledProgram: fuse, generate one kernel per fused instruction, plan memory, tune."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Callable
+
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Program
+from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
+from fusegraph.targets.gpu.codegen import generate, kernel_inputs
+from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
+from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
+from fusegraph.targets.gpu.memory_plan import plan_memory, stored_buffer_input
+from fusegraph.targets.gpu.parallel_compile import compile_all
+
+DEFAULT_TUNE_CONFIGS = 4  # candidates per kernel unless exhaustive
+
+
+def is_fused(program: Program) -> bool:
+    return any(i.op.name == "fused" for i in program.main)
+
+
+def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, allow_tf32: bool = False,
+                tune: bool = True, exhaustive_tune: bool = False,
+                progress: Callable[[str, int, int], None] | None = None) -> CompiledProgram:
+    """Compile `program` (fused here unless it already is; a copy, the argument is kept).
+
+    fp16/bf16 convert weights and inputs before fusion; products accumulate in fp32. Without
+    a GPU the kernels run under Triton's interpreter and are not tuned.
+    """
+    from fusegraph.passes.pipeline import fuse
+    from fusegraph.passes.to_half import ToHalf
+
+    start = time.monotonic()
+    interpret = use_interpreter_without_gpu()
+    device = "cpu" if interpret else "cuda"
+    if (fp16 or bf16) and is_fused(program):
+        raise ValueError("half precision is applied before fusion: compile the unfused program")
+    p = copy.deepcopy(program)
+    if fp16 or bf16:
+        ToHalf(DType.bfloat16 if bf16 else DType.float16).apply(p.main)
+    if not is_fused(p):
+        fuse(p)
+    plan = plan_memory(p.main)
+    fused = [i for i in p.main if i.op.name == "fused"]
+    kernels: list[Kernel] = []
+    for pos, ins in enumerate(fused):
+        buffers = [plan.of[id(x)] for x in ins.inputs]
+        src = generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret)
+        arg_buffers = [plan.of[id(ins)] if a == "out" else buffers[int(a[1:])] for a in src.args]
+        if stored_buffer_input(ins) is None and "out" not in src.args:
+            raise AssertionError(f"{src.name} writes no output buffer")
+        kernels.append(Kernel(ins, src, load_kernel(src), src.configs[0], arg_buffers))
+        if progress:
+            progress("generating kernels", pos + 1, len(fused))
+    options = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32}
+    compiled = CompiledProgram(p, kernels, plan, device, 0.0, options)
+    if not interpret and tune:
+        _tune(compiled, exhaustive_tune, progress)
+    compiled.compile_seconds = time.monotonic() - start
+    return compiled
+
+
+def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, int, int], None] | None) -> None:
+    """Pick each kernel's config: from the cache, else by timing its candidates on random inputs."""
+    import torch
+
+    cache = TuningCache(cache_dir() / "tuning.json", device_name())
+    inputs = {}
+    for name, shape in compiled.input_shapes.items():
+        dt = torch_dtype(shape.dtype)
+        t = torch.rand(shape.lens, device="cuda") if shape.dtype.is_float else torch.zeros(shape.lens, device="cuda")
+        inputs[name] = t.to(dt)
+    tensors, _ = compiled._inputs(inputs)
+    compiled._bound_inputs = tensors
+    plans = []
+    jobs = []
+    for k in compiled.kernels:
+        cached = cache.get(k.src.digest)
+        if cached is not None:  # tuned (and compiled into Triton's cache) before
+            plans.append([cached])
+            continue
+        candidates = k.src.configs if exhaustive else k.src.configs[:DEFAULT_TUNE_CONFIGS]
+        plans.append(candidates)
+        dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
+        jobs += [(k.src, dtypes, c) for c in candidates]
+    compile_all(jobs, progress)
+    for j, (k, candidates) in enumerate(zip(compiled.kernels, plans)):
+        if len(candidates) == 1:
+            k.config = candidates[0]
+        else:
+            args = compiled._args(k, tensors)
+            k.config, _ = best_config(candidates, lambda c: k.launch(args, c))
+        cache.put(k.src.digest, k.config)
+        if progress:
+            progress("tuning kernels", j + 1, len(compiled.kernels))
+    cache.save()

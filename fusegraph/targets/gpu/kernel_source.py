@@ -1,0 +1,67 @@
+"""What a template produces: the source of one kernel and how to launch it."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+LIBDEVICE = {
+    False: "from triton.language.extra import libdevice",
+    True: "from fusegraph.targets.gpu import interpreter_libdevice as libdevice",  # the interpreter has none
+}
+HEADER = """import triton
+import triton.language as tl
+{libdevice}
+
+
+@triton.jit
+def _prod_combine(a, b):
+    return a * b
+"""
+
+Config = dict[str, int]
+
+
+@dataclass
+class KernelSource:
+    """One generated kernel.
+
+    `configs` are the tuning candidates (block sizes as constexpr arguments, plus `num_warps`
+    and `num_stages`); the first is the default. `grid(config)` gives the launch grid (plain data, so a source can go to a worker process).
+    `args` name the kernel's pointer arguments in order: `x0..` the fused instruction's
+    inputs, `out` its fresh output buffer when it has one.
+    """
+
+    name: str
+    kernel_name: str  # the fused group's name, e.g. conv_add_sigmoid_mul
+    template: str
+    body: str
+    args: list[str]
+    configs: list[Config]
+    grid_dims: list[tuple[int, str | None]]  # per grid axis: extent, and the block size dividing it
+    flops: int = 0
+    interpret: bool = False
+
+    @property
+    def source(self) -> str:
+        return HEADER.format(libdevice=LIBDEVICE[self.interpret]) + "\n\n" + self.body
+
+    def grid(self, config: Config) -> tuple[int, ...]:
+        return tuple(cdiv(n, config[b]) if b else n for n, b in self.grid_dims)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+    @staticmethod
+    def constexpr_names(config: Config) -> list[str]:
+        return [k for k in config if k not in ("num_warps", "num_stages")]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def signature(name: str, args: list[str], constexprs: list[str]) -> str:
+    params = args + [f"{c}: tl.constexpr" for c in constexprs]
+    return f"@triton.jit\ndef {name}({', '.join(params)}):"

@@ -1,0 +1,264 @@
+"""Writes the body of one Triton kernel from a fused sub-module.
+
+Every value of a fused group lives in an index space: the anchor's output, an anchor's input,
+or the group's iteration space. A template decides how the kernel walks a space (a flat block
+of elements, an (m, n) tile of a matrix product, a loop over a window) and asks the writer for
+a value at an index given as expressions over the template's own variables. The writer emits
+the loads (addresses from the composed index maps, simplified by the index algebra, and masks
+from the tile bounds and the domains), the pointwise ops (from each op's scalar template) and
+the stores. Because addresses are built symbolically, an identity read over a flat block comes
+out as `x0 + xo` and a scattered store as `34000 * (rn // 85) + 85 * rm + rn % 85`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from fusegraph.errors import FusegraphError
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.index_expr import Expr, Var, bounds, free_vars, substitute, to_source
+from fusegraph.ir.index_map import linear_offset
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ir.shape import Shape
+from fusegraph.ops.base import OpKind
+
+Index = tuple[Expr, ...]
+
+TRITON_TYPES = {
+    DType.float32: "tl.float32", DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16",
+    DType.float64: "tl.float64", DType.int64: "tl.int64", DType.int32: "tl.int32", DType.int16: "tl.int16",
+    DType.int8: "tl.int8", DType.uint8: "tl.uint8", DType.bool: "tl.int1",
+}
+
+
+class CodegenError(FusegraphError):
+    """A fused instruction the GPU target cannot generate code for; names the op."""
+
+
+def compute_type(dtype: DType) -> DType:
+    """Half and bf16 values are computed in fp32 inside a kernel and rounded when stored."""
+    return DType.float32 if dtype in (DType.float16, DType.bfloat16) else dtype
+
+
+@dataclass
+class KernelInputs:
+    """The fused instruction's inputs as the kernel sees them.
+
+    `shapes` address each input inside its buffer (the strides and offset of the outside
+    value, which may be a slice or transpose of a larger buffer); `names` are the pointer
+    arguments, shared by inputs that are views of one buffer so that a kernel reading one
+    slice of a buffer and writing another gets that buffer once.
+    """
+
+    shapes: list[Shape]
+    names: list[str]
+
+    @staticmethod
+    def plain(shapes: list[Shape]) -> "KernelInputs":
+        return KernelInputs(list(shapes), [f"x{k}" for k in range(len(shapes))])
+
+
+@dataclass
+class Tile:
+    """How a template walks one index space.
+
+    `names` gives the Triton code of each kernel variable (`rm` -> `rm[:, None]`), `bounds`
+    the mask that keeps each variable in range (None when the tile never overruns it).
+    Values are remembered per tile, so a value read twice is loaded once.
+    """
+
+    names: dict[str, str]
+    bounds: dict[str, str | None]
+    memo: dict = field(default_factory=dict)
+
+    def code(self, e: Expr) -> str:
+        return to_source(e, self.names)
+
+    @property
+    def dims(self) -> set[str]:
+        """The variables that index the tile (others are data-dependent indices)."""
+        return set(self.bounds)
+
+    def mask_for(self, used: set[str]) -> list[str]:
+        return [m for v, m in self.bounds.items() if v in used and m is not None]
+
+    def zero_for(self, missing: set[str]) -> str:
+        """A term adding no value but giving an expression the tile's full shape."""
+        return "".join(f" + 0 * {self.names[v]}" for v in sorted(missing))
+
+
+class KernelWriter:
+    """Lines of one kernel; values are emitted on demand, depth first."""
+
+    def __init__(self, module: Module, inputs: "KernelInputs",
+                 anchor_values: dict[int, Callable[[Tile, Index], str]] | None = None) -> None:
+        self.module = module
+        self.params = list(module.params.values())
+        if len(inputs.shapes) != len(self.params):
+            raise CodegenError(f"{len(inputs.shapes)} argument shapes for {len(self.params)} parameters")
+        self.inputs = inputs
+        self.args = {id(p): (n, s) for p, n, s in zip(self.params, inputs.names, inputs.shapes)}
+        self.out_shape: Shape | None = None
+        self.lines: list[str] = []
+        self.indent = 1
+        self.count = 0
+        # values the template computes itself (an anchor's accumulator), by instruction
+        self.anchor_values = anchor_values or {}
+        self.raw_loads: set[int] = set()  # loads that keep their storage type (matrix operands)
+
+    # -- plumbing ----------------------------------------------------------------------
+    def arg_list(self) -> list[str]:
+        """The kernel's pointer arguments: one per input buffer, then `out` if it has one."""
+        return _dedupe(list(self.inputs.names)) + (["out"] if self.out_shape is not None else [])
+
+    def fresh(self, base: str = "v") -> str:
+        self.count += 1
+        return f"{base}{self.count}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.indent + line)
+
+    def let(self, code: str, base: str = "v") -> str:
+        name = self.fresh(base)
+        self.emit(f"{name} = {code}")
+        return name
+
+    def buffer(self, ins: Instruction) -> tuple[str, Shape]:
+        """Kernel argument and addressing of the buffer behind a param or the output allocation."""
+        if ins.op.name == "@param":
+            return self.args[id(ins)]
+        if ins.op.name == "allocate":
+            self.out_shape = ins.shape
+            return "out", ins.shape
+        raise CodegenError(f"cannot address {ins.op.name} as a buffer")
+
+    # -- values ------------------------------------------------------------------------
+    def value(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...] = ()) -> str:
+        """Code of `ins`'s value at `index` (expressions over the tile's variables)."""
+        key = (id(ins), index, mask)
+        if key in tile.memo:
+            return tile.memo[key]
+        if id(ins) in self.anchor_values:
+            code = self.anchor_values[id(ins)](tile, index)
+        elif ins.op.name == "load":
+            code = self._load(ins, tile, index, mask)
+        elif ins.op.kind == OpKind.POINTWISE:
+            code = self._pointwise(ins, tile, index, mask)
+        else:
+            raise CodegenError(f"no GPU code for {ins.op.name} inside fused module {self.module.name}")
+        tile.memo[key] = code
+        return code
+
+    def _load(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
+        m = ins.op.attrs["map"]
+        arg, shape = self.buffer(ins.inputs[0])
+        idx = m.apply(index, check=False)
+        addr = linear_offset(idx, shape.strides, shape.offset)
+        dconds, dvars = self.domain_conds(ins, tile, index)
+        conds = list(mask) + dconds
+        addr_vars = self._vars_of([addr]) & tile.dims
+        used = addr_vars | dvars | (tile.dims if mask else set())
+        conds += tile.mask_for(used)
+        ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(used - addr_vars)}"
+        if conds:
+            code = f"tl.load({ptr}, mask={' & '.join(_dedupe(conds))}, other=0)"
+        else:
+            code = f"tl.load({ptr})"
+        dtype = ins.shape.dtype
+        if compute_type(dtype) != dtype and id(ins) not in self.raw_loads:
+            code += f".to({TRITON_TYPES[compute_type(dtype)]})"
+        return self.let(code, "ld")
+
+    def domain_conds(self, ins: Instruction, tile: Tile, index: Index) -> tuple[list[str], set[str]]:
+        """Conditions of a load's or store's domain at `index`, and the tile variables they use;
+        a condition the index ranges already guarantee is left out."""
+        m = ins.op.attrs["map"]
+        mapping = {v.name: x for v, x in zip(m.out_vars, index)}
+        conds: list[str] = []
+        used: set[str] = set()
+        for e, lo, hi in ins.op.attrs["domain"]:
+            x = substitute(e, mapping, check=False)
+            blo, bhi = bounds(x)
+            if blo < lo:
+                conds.append(f"({tile.code(x)} >= {lo})")
+            if bhi >= hi:
+                conds.append(f"({tile.code(x)} < {hi})")
+            if blo < lo or bhi >= hi:
+                used |= self._vars_of([x]) & tile.dims
+        return conds, used
+
+    def _pointwise(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
+        operands = [self.value(x, tile, index, mask) for x in ins.inputs]
+        op = ins.op
+        out = ins.shape.dtype
+        first = ins.inputs[0].shape.dtype if ins.inputs else out
+        if op.name == "convert":
+            if out == DType.bool:
+                code = f"({operands[0]} != 0)"
+            else:
+                code = f"{operands[0]}.to({TRITON_TYPES[compute_type(out)]})"
+        elif op.name == "div" and first.is_integer:
+            code = f"({operands[0]} // {operands[1]})"
+        elif op.name in ("relu",) and first.is_integer:
+            code = f"tl.maximum({operands[0]}, 0)"
+        else:
+            code = op.scalar(*operands)
+        return self.let(code)
+
+    # -- stores ------------------------------------------------------------------------
+    def store(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...] = ()) -> None:
+        """Emit `ins` (a store) and, first, the stores it is chained to."""
+        dest = ins.inputs[0]
+        if dest.op.name == "store":
+            self.store(dest, tile, index, mask)
+            root = self.root_buffer(dest)
+        else:
+            root = dest
+        arg, shape = self.buffer(root)
+        m = ins.op.attrs["map"]
+        idx = m.apply(index, check=False)
+        addr = linear_offset(idx, shape.strides, shape.offset)
+        dconds, _ = self.domain_conds(ins, tile, index)
+        conds = list(mask) + dconds + tile.mask_for(tile.dims)
+        value = self.value(ins.inputs[1], tile, index, mask)
+        value = f"{value}.to({TRITON_TYPES[shape.dtype]})" if shape.dtype != DType.bool else f"({value} != 0)"
+        ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(tile.dims - self._vars_of([addr]))}"
+        if conds:
+            self.emit(f"tl.store({ptr}, {value}, mask={' & '.join(_dedupe(conds))})")
+        else:
+            self.emit(f"tl.store({ptr}, {value})")
+
+    @staticmethod
+    def root_buffer(ins: Instruction) -> Instruction:
+        while ins.op.name == "store":
+            ins = ins.inputs[0]
+        return ins
+
+    # -- helpers -----------------------------------------------------------------------
+    @staticmethod
+    def _vars_of(exprs: list[Expr]) -> set[str]:
+        out: set[str] = set()
+        for e in exprs:
+            out |= {v.name for v in free_vars(e)}
+        return out
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen: list[str] = []
+    for x in items:
+        if x not in seen:
+            seen.append(x)
+    return seen
+
+
+def stores_of(module: Module) -> list[Instruction]:
+    """The stores that end each chain into the returned buffer, in order (the last one)."""
+    (ret,) = module.returns
+    if ret.op.name != "store":
+        raise CodegenError(f"fused module {module.name} returns {ret.op.name}, not a store")
+    return [ret]
+
+
+def var(name: str, extent: int) -> Var:
+    return Var(name, max(1, int(extent)))

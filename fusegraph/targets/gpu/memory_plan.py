@@ -1,0 +1,130 @@
+"""Buffers of a fused program and their places in one arena.
+
+Values of the main module live in buffers: a fused instruction writes a fresh buffer or
+(concat elimination) into a buffer an earlier instruction made; views are the same buffer
+read through other strides. A buffer lives from the instruction that makes it to the last
+reader of any value in it. Buffers whose lifetimes do not overlap share arena bytes; the
+offsets come from a greedy first-fit by decreasing size, and the plan reports the arena's
+size next to the lower bound (the most bytes live at any one instruction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ir.shape import Shape
+from fusegraph.targets.gpu.kernel_writer import CodegenError
+
+ALIGN = 256
+VIEW_OPS = ("reshape", "transpose", "multibroadcast", "slice", "squeeze", "unsqueeze", "flatten")
+
+
+@dataclass
+class Buffer:
+    """Storage for one or more values; `kind` is param, literal, output or arena."""
+
+    id: int
+    shape: Shape  # its standard shape (dtype, lens)
+    kind: str
+    name: str = ""
+    start: int = 0
+    end: int = 0
+    offset: int = -1  # in the arena, bytes
+
+    @property
+    def nbytes(self) -> int:
+        return max(1, self.shape.elements) * self.shape.dtype.itemsize
+
+
+@dataclass
+class MemoryPlan:
+    buffers: list[Buffer]
+    of: dict[int, Buffer]  # main-module instruction id -> its buffer
+    arena_bytes: int = 0
+    lower_bound: int = 0
+    output_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        mib = 1 << 20
+        return (f"arena {self.arena_bytes / mib:.2f} MiB (liveness lower bound {self.lower_bound / mib:.2f} MiB), "
+                f"outputs {self.output_bytes / mib:.2f} MiB, "
+                f"{sum(1 for b in self.buffers if b.kind == 'arena')} intermediate buffers")
+
+
+def stored_buffer_input(fused: Instruction) -> int | None:
+    """Which input of `fused` its stores write into (concat elimination), or None for a fresh one."""
+    (ret,) = fused.op.module.returns
+    root = ret
+    while root.op.name == "store":
+        root = root.inputs[0]
+    if root.op.name == "allocate":
+        return None
+    params = list(fused.op.module.params.values())
+    return params.index(root)
+
+
+def plan_memory(main: Module) -> MemoryPlan:
+    buffers: list[Buffer] = []
+    of: dict[int, Buffer] = {}
+    outputs = {id(r) for r in main.returns}
+
+    def new(ins: Instruction, kind: str, pos: int, name: str = "") -> Buffer:
+        b = Buffer(len(buffers), ins.shape.as_standard(), kind, name, start=pos, end=pos)
+        buffers.append(b)
+        return b
+
+    for pos, ins in enumerate(main.instructions):
+        op = ins.op.name
+        if op == "@param":
+            of[id(ins)] = new(ins, "param", pos, ins.op.attrs["name"])
+        elif op == "@literal":
+            of[id(ins)] = new(ins, "literal", pos)
+        elif op == "allocate":
+            of[id(ins)] = new(ins, "arena", pos)
+        elif op in VIEW_OPS:
+            of[id(ins)] = of[id(ins.inputs[0])]
+        elif op == "fused":
+            k = stored_buffer_input(ins)
+            of[id(ins)] = new(ins, "arena", pos) if k is None else of[id(ins.inputs[k])]
+        elif op == "@return":
+            continue
+        else:
+            raise CodegenError(f"instruction {ins.name} ({op}) was left unfused; the GPU target runs fused kernels only")
+    for pos, ins in enumerate(main.instructions):
+        for x in ins.inputs:
+            b = of.get(id(x))
+            if b is not None:
+                b.end = max(b.end, pos)
+    end = len(main.instructions)
+    for r in main.returns:
+        b = of[id(r)]
+        if b.kind == "arena":
+            b.kind = "output"
+        b.end = end
+    plan = MemoryPlan(buffers, of)
+    _place(plan, [b for b in buffers if b.kind == "arena"])
+    plan.output_bytes = sum(b.nbytes for b in buffers if b.kind == "output")
+    return plan
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _place(plan: MemoryPlan, bufs: list[Buffer]) -> None:
+    placed: list[Buffer] = []
+    for b in sorted(bufs, key=lambda b: (-b.nbytes, b.start)):
+        clashes = sorted((p.offset, p.offset + _aligned(p.nbytes)) for p in placed
+                         if not (p.end < b.start or b.end < p.start))
+        offset = 0
+        for lo, hi in clashes:
+            if offset + _aligned(b.nbytes) <= lo:
+                break
+            offset = max(offset, hi)
+        b.offset = offset
+        placed.append(b)
+    plan.arena_bytes = max((b.offset + _aligned(b.nbytes) for b in placed), default=0)
+    events = sorted({b.start for b in bufs})
+    plan.lower_bound = max((sum(_aligned(b.nbytes) for b in bufs if b.start <= t <= b.end) for t in events), default=0)

@@ -1,0 +1,58 @@
+"""The flat template: one program per block of output elements, one element per lane.
+
+It serves every fused group whose output element is computed on its own: pointwise groups,
+copies, and anchors that are a small loop per element (pooling windows, LRN, data movement),
+which register themselves as anchor emitters. Contiguous dims collapse on their own: the
+iteration index is the delinearized flat offset, and the index algebra folds an identity
+address back into the offset, so loads and stores are plain vector accesses.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from fusegraph.ir.index_map import delinearize
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.targets.gpu.kernel_source import KernelSource, signature
+from fusegraph.targets.gpu.kernel_writer import Index, KernelInputs, KernelWriter, Tile, var
+
+# An anchor emitter writes the lines computing the anchor at `index` and returns its value.
+Emitter = Callable[[KernelWriter, Instruction, Tile, Index], str]
+
+
+def flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs,
+                anchor: Instruction | None = None, emitter: Emitter | None = None) -> KernelSource:
+    (ret,) = module.returns
+    space = _space(ret)
+    total = math.prod(space)
+    xo = var("xo", total)
+    index = delinearize(xo, space) if space else ()
+    anchors = {}
+    if anchor is not None and emitter is not None:
+        anchors[id(anchor)] = lambda tile, idx: emitter(w, anchor, tile, idx)
+    w = KernelWriter(module, inputs, anchors)
+    tile = Tile({"xo": "xo"}, {"xo": f"(xo < {total})" if total > 1 else None})
+    w.emit("xo = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)")
+    w.store(ret, tile, index)
+    args = w.arg_list()
+    body = signature(name, args, ["XBLOCK"]) + "\n" + "\n".join(w.lines) + "\n"
+    block = min(1024, max(16, 1 << (max(1, total) - 1).bit_length()))
+    configs = [{"XBLOCK": block, "num_warps": 4, "num_stages": 1}]
+    if block > 256:
+        configs += [{"XBLOCK": 256, "num_warps": 2, "num_stages": 1}, {"XBLOCK": 512, "num_warps": 4, "num_stages": 1}]
+    return KernelSource(name, kernel, "flat", body, args, configs, [(total, "XBLOCK")])
+
+
+def _space(store: Instruction) -> tuple[int, ...]:
+    """The iteration space of a group: the domain of its stores' maps (all the same)."""
+    spaces = set()
+    ins = store
+    while ins.op.name == "store":
+        spaces.add(ins.op.attrs["map"].out_lens)
+        ins = ins.inputs[0]
+    if len(spaces) != 1:
+        from fusegraph.targets.gpu.kernel_writer import CodegenError
+
+        raise CodegenError(f"stores over different index spaces {sorted(spaces)}")
+    return spaces.pop()

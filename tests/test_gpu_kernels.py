@@ -1,0 +1,213 @@
+"""The GPU target's kernels, run under Triton's interpreter on the CPU (or on a GPU if present).
+
+Each test builds a small model that exercises one template (flat, GEMM for convolutions and
+matrix products, windows, reductions, data movement) with its prologue and epilogue, compiles
+it for the gpu target, poisons every buffer with NaN, runs it, and compares with the NumPy
+reference target on fresh random inputs. Shapes are small so the interpreter stays fast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from fusegraph import parse_onnx
+from tests.helpers import make_model, rand, rel_err
+
+TOL = 2e-5  # fp32 with exact (interpreter) or ieee (GPU) products
+
+
+def check_gpu(model, tolerance: float = TOL, seed: int = 5, dtype=np.float32, **options):
+    program = parse_onnx(model)
+    compiled = program.compile(target="gpu", tune=False, **options)
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for name, shape in program.input_shapes.items():
+        if shape.dtype.is_float:
+            inputs[name] = rng.standard_normal(shape.lens).astype(shape.dtype.numpy)
+        else:
+            inputs[name] = rng.integers(0, 3, shape.lens).astype(shape.dtype.numpy)
+    want = program.run(inputs)
+    compiled.poison()
+    got = compiled.run(inputs)
+    for name in want:
+        g = np.asarray(got[name])
+        if g.dtype.kind == "f":
+            assert not np.isnan(g).any(), f"{name}: {np.isnan(g).sum()} elements left unwritten (NaN)"
+            assert rel_err(g, want[name]) <= tolerance, f"{name}: {rel_err(g, want[name])}"
+        else:
+            np.testing.assert_array_equal(g, want[name])
+    return compiled
+
+
+def node(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, **attrs)
+
+
+def test_pointwise_through_transpose():
+    m = make_model([node("Exp", ["x"], ["e"]), node("Transpose", ["e"], ["t"], perm=[0, 2, 1]),
+                    node("Add", ["t", "b"], ["a"]), node("Sigmoid", ["a"], ["y"])],
+                   {"x": [2, 3, 5]}, ["y"], {"b": rand(5, 3, seed=1)})
+    c = check_gpu(m)
+    assert [k.src.template for k in c.kernels] == ["flat"]
+
+
+@pytest.mark.parametrize("kernel,stride,pads,dilation,group,cin,cout", [
+    (1, 1, 0, 1, 1, 8, 16),
+    (3, 1, 1, 1, 1, 4, 20),
+    (3, 2, 1, 1, 1, 6, 8),
+    (6, 2, 2, 1, 1, 3, 16),
+    (3, 1, 2, 2, 1, 4, 8),
+    (3, 1, 1, 1, 2, 8, 8),
+    (3, 1, 1, 1, 8, 8, 8),  # depthwise
+])
+def test_conv_silu(kernel, stride, pads, dilation, group, cin, cout):
+    w = rand(cout, cin // group, kernel, kernel, seed=2, scale=0.3)
+    m = make_model([node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                         pads=[pads] * 4, dilations=[dilation, dilation], group=group),
+                    node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["y"])],
+                   {"x": [1, cin, 9, 11]}, ["y"], {"w": w, "b": rand(cout, seed=3)})
+    c = check_gpu(m)
+    assert [k.src.template for k in c.kernels] == ["gemm"]
+
+
+def test_detection_head_writes_final_layout():
+    """conv -> reshape -> transpose -> sigmoid -> split arithmetic -> concat, as one kernel."""
+    h = w = 4
+    nodes = [
+        node("Conv", ["x", "wt", "b"], ["c"], kernel_shape=[1, 1]),
+        node("Reshape", ["c", "shape"], ["r"]),
+        node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 4, 2]),
+        node("Sigmoid", ["t"], ["s"]),
+        node("Split", ["s", "split"], ["xy", "wh", "conf"], axis=4),
+        node("Mul", ["xy", "two"], ["xy2"]), node("Add", ["xy2", "grid"], ["xy3"]),
+        node("Mul", ["wh", "two"], ["wh2"]), node("Pow", ["wh2", "two"], ["wh3"]), node("Mul", ["wh3", "anchor"], ["wh4"]),
+        node("Concat", ["xy3", "wh4", "conf"], ["cat"], axis=4),
+        node("Reshape", ["cat", "flat"], ["y"]),
+    ]
+    inits = {"wt": rand(3 * 9, 8, 1, 1, seed=1, scale=0.3), "b": rand(27, seed=2),
+             "shape": np.array([1, 3, 9, h, w], np.int64), "split": np.array([2, 2, 5], np.int64),
+             "two": np.array(2.0, np.float32), "grid": rand(1, 3, h, w, 2, seed=3), "anchor": rand(1, 3, h, w, 2, seed=4),
+             "flat": np.array([1, 3 * h * w, 9], np.int64)}
+    c = check_gpu(make_model(nodes, {"x": [1, 8, h, w]}, ["y"], inits))
+    assert len(c.kernels) == 1
+
+
+@pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0)])
+def test_matmul(a, b, trans_b):
+    if len(a) == 2:
+        m = make_model([node("Gemm", ["a", "b", "c"], ["g"], transB=trans_b), node("Relu", ["g"], ["y"])],
+                       {"a": a}, ["y"], {"b": rand(*b, seed=1), "c": rand(b[0] if trans_b else b[1], seed=2)})
+    else:
+        m = make_model([node("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, ["y"])
+    check_gpu(m)
+
+
+def test_gemm_reshape_transpose_softmax():
+    m = make_model([node("MatMul", ["x", "w"], ["g"]), node("Reshape", ["g", "shape"], ["r"]),
+                    node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3]), node("Softmax", ["t"], ["y"], axis=-1)],
+                   {"x": [1, 6, 8]}, ["y"], {"w": rand(8, 12, seed=1), "shape": np.array([1, 6, 3, 4], np.int64)})
+    check_gpu(m)
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2])),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ("GlobalAveragePool", {}),
+    ("GlobalMaxPool", {}),
+])
+def test_pooling(op, attrs):
+    check_gpu(make_model([node(op, ["x"], ["y"], **attrs)], {"x": [2, 3, 9, 10]}, ["y"]))
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("ReduceSum", dict(keepdims=1)), ("ReduceMean", dict(keepdims=0)), ("ReduceMax", dict(keepdims=1)),
+    ("ReduceMin", dict(keepdims=1)), ("ReduceProd", dict(keepdims=1)),
+])
+def test_reduce(op, attrs):
+    axes = np.array([1, 2], np.int64)
+    if op in ("ReduceSum",):
+        m = make_model([node(op, ["x", "axes"], ["r"], **attrs), node("Sqrt", ["r"], ["y"])] if False else
+                       [node(op, ["x", "axes"], ["y"], **attrs)], {"x": [3, 4, 5, 6]}, ["y"], {"axes": axes}, opset=18)
+    else:
+        m = make_model([node(op, ["x", "axes"], ["y"], **attrs)], {"x": [3, 4, 5, 6]}, ["y"], {"axes": axes}, opset=18)
+    check_gpu(m, tolerance=1e-4 if op == "ReduceProd" else TOL)
+
+
+@pytest.mark.parametrize("op,last", [("ArgMax", 0), ("ArgMin", 0), ("ArgMax", 1)])
+def test_arg_reduce(op, last):
+    check_gpu(make_model([node(op, ["x"], ["y"], axis=1, keepdims=1, select_last_index=last)],
+                         {"x": [3, 40, 5]}, ["y"], opset=13))
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax_and_log_softmax(axis):
+    check_gpu(make_model([node("Softmax", ["x"], ["s"], axis=axis), node("LogSoftmax", ["x"], ["l"], axis=axis),
+                          node("Add", ["s", "l"], ["y"])], {"x": [2, 7, 37]}, ["y"]))
+
+
+def test_layer_norm():
+    check_gpu(make_model([node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)],
+                         {"x": [4, 5, 48]}, ["y"], {"g": rand(48, seed=1), "b": rand(48, seed=2)}))
+
+
+def test_lrn():
+    check_gpu(make_model([node("LRN", ["x"], ["y"], size=3, alpha=1e-2, beta=0.75, bias=1.0)], {"x": [1, 6, 4, 5]}, ["y"]))
+
+
+def test_concat_of_computed_inputs():
+    m = make_model([node("Exp", ["a"], ["ea"]), node("Transpose", ["b"], ["tb"], perm=[0, 2, 1]),
+                    node("Concat", ["ea", "tb"], ["y"], axis=1)], {"a": [2, 3, 4], "b": [2, 4, 5]}, ["y"])
+    check_gpu(m)
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+def test_pad(mode):
+    pads = np.array([0, 1, 2, 0, 2, 1], np.int64)
+    m = make_model([node("Pad", ["x", "pads", "v"], ["y"], mode=mode)], {"x": [2, 4, 5]}, ["y"],
+                   {"pads": pads, "v": np.array(1.5, np.float32)}, opset=18)
+    check_gpu(m)
+
+
+def test_gather_with_negative_indices():
+    idx = np.array([[0, -1], [2, 1]], np.int64)
+    m = make_model([node("Gather", ["x", "i"], ["g"], axis=1), node("Neg", ["g"], ["y"])], {"x": [3, 4, 5]}, ["y"], {"i": idx})
+    check_gpu(m)
+
+
+def test_integer_and_boolean_pointwise():
+    nodes = [node("Cast", ["x"], ["i"], to=TensorProto.INT32), node("Div", ["i", "d"], ["q"]),
+             node("Greater", ["q", "z"], ["g"]), node("Where", ["g", "x", "y0"], ["y"])]
+    m = make_model(nodes, {"x": [3, 8], "y0": [3, 8]}, ["y"],
+                   {"d": np.array([3], np.int32), "z": np.array([0], np.int32)})
+    check_gpu(m)
+
+
+def test_fp16_mode_matches_fp32_reference():
+    w = rand(16, 8, 3, 3, seed=2, scale=0.3)
+    m = make_model([node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                    node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["y"])],
+                   {"x": [1, 8, 6, 7]}, ["y"], {"w": w, "b": rand(16, seed=3)})
+    program = parse_onnx(m)
+    compiled = program.compile(target="gpu", tune=False, fp16=True)
+    x = np.random.default_rng(1).standard_normal((1, 8, 6, 7)).astype(np.float32)
+    got = compiled.run({"x": x})["y"]
+    assert got.dtype == np.float16
+    assert rel_err(got, program.run({"x": x})["y"]) < 1e-2
+
+
+def test_memory_plan_reuses_the_arena():
+    nodes, prev = [], "x"
+    for k in range(6):
+        nodes.append(node("Conv", [prev, f"w{k}"], [f"c{k}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+        prev = f"c{k}"
+    m = make_model(nodes, {"x": [1, 4, 6, 6]}, [prev], {f"w{k}": rand(4, 4, 3, 3, seed=k, scale=0.3) for k in range(6)})
+    c = check_gpu(m)
+    # six kernels, five intermediates, at most two alive at once
+    assert len(c.kernels) == 6
+    assert c.plan.arena_bytes <= 2 * 4 * 36 * 4 + 512
+    assert c.plan.lower_bound <= c.plan.arena_bytes

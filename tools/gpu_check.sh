@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GPU checks of the gpu target, in one call on the lent GPU machine:
+#   PYTHONPATH=. bash tools/gpu_check.sh [OUT_DIR]
+# Logs go to OUT_DIR (default ./gpu-logs); a short table is printed last.
+set -u
+out=${1:-${OUT:-gpu-logs}}
+mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+export FUSEGRAPH_CACHE_DIR=${FUSEGRAPH_CACHE_DIR:-/tmp/fusegraph-cache}
+py=${PYTHON:-python3}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
+  $py -c "import torch, triton, onnx, onnxruntime, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'onnx', onnx.__version__, 'ort', onnxruntime.__version__, 'numpy', numpy.__version__)"; } 2>&1 | tee "$out/env.txt"
+summary=()
+step() {  # step NAME COMMAND...
+  local name=$1; shift
+  local t0=$(date +%s.%N)
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  local dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  summary+=("$(printf '%-28s rc=%-3s %6.1fs  %s' "$name" "$rc" "$dt" "$(grep -E 'passed|failed|PASS|FAIL|Total time|error' "$out/$name.log" | tail -1)")")
+}
+step gpu_tests $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py
+step verify_fp32 $py -m fusegraph.driver.cli verify yolov5s --target gpu
+step verify_fp16 $py -m fusegraph.driver.cli verify yolov5s --target gpu --fp16
+step perf_fp16 $py -m fusegraph.driver.cli perf yolov5s --fp16 --trace "$out/yolov5s_fp16_trace.json"
+step perf_fp16_cached $py -m fusegraph.driver.cli perf yolov5s --fp16
+for f in "${@:2}"; do :; done
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
