@@ -5,6 +5,13 @@ extra input and stores through `embed . store map`, so no copy kernel runs. The 
 chained (each returns the buffer the next writes into) so the program stays in SSA form.
 Other readers of a retargeted producer read its slice of the buffer as a view. An input that
 is not a fused kernel of its own gets a copy kernel into its slice.
+
+An input may also be a slice (along the concat axis) of a kernel that computes more than that
+part, as merged sibling convolutions do: the kernel then writes all of its output into the
+buffer, its part in the part's slot and the rest in extra channels before or after the concat's
+own, and the concat's readers read the concat's range of the buffer as a view. This needs the
+kernel's output to cover whole slots wherever it overlaps the concat, so only the kernel that
+supplies the first (or last) slot can reach past the concat's start (or end).
 """
 
 from __future__ import annotations
@@ -41,6 +48,16 @@ def retarget(module: Module, fused: Instruction, buffer: Instruction, emb: Index
     return module.make(Fused(sub, fused.op.attrs["kernel"]), [*fused.inputs, buffer], fused.origin)
 
 
+def _source(x: Instruction, axis: int) -> tuple[Instruction, int]:
+    """Where a concat input's elements are computed and where along `axis` they start there: the
+    input itself, or the producer of a unit-step slice along `axis` alone (a kernel computing
+    more channels than one concat part, such as merged sibling convolutions)."""
+    a = x.op.attrs
+    if x.op.name == "slice" and a["axes"] == (axis,) and a["steps"] == (1,):
+        return x.inputs[0], a["starts"][0]
+    return x, 0
+
+
 class EliminateConcat:
     name = "eliminate_concat"
 
@@ -53,50 +70,81 @@ class EliminateConcat:
             DeadCodeElimination().apply(module)
         return changed
 
+    def _writers(self, module: Module, concat: Instruction, offsets: list[int]) -> dict[int, tuple[Instruction, int, list[int]]]:
+        """The kernels that store their parts of `concat` straight into its buffer, by id: the
+        kernel, where its index 0 lands along the axis (in the concat's coordinates, negative when
+        it starts before the concat) and the inputs it supplies. `offsets` are the inputs' offsets.
+        """
+        axis, length = concat.op.attrs["axis"], concat.shape.lens[concat.op.attrs["axis"]]
+        returned = {id(r) for r in module.returns}
+        inputs: dict[int, list[int]] = {}
+        for k, x in enumerate(concat.inputs):
+            src, _ = _source(x, axis)
+            if _retargetable(src) and id(src) not in returned:
+                inputs.setdefault(id(src), []).append(k)
+        writers = {}
+        for ks in inputs.values():
+            src, start = _source(concat.inputs[ks[0]], axis)
+            shift = offsets[ks[0]] - start
+            ks = [k for k in ks if offsets[k] - _source(concat.inputs[k], axis)[1] == shift]
+            n = src.shape.lens[axis]
+            covered = sum(concat.inputs[k].shape.lens[axis] for k in ks)
+            if covered != min(length, shift + n) - max(0, shift):
+                continue  # the kernel's other channels would land on another input's slot
+            if (shift < 0 or shift + n > length) and id(concat) in returned:
+                continue  # a returned value stays a buffer of its own
+            writers[id(src)] = (src, shift, ks)
+        return writers
+
     def _eliminate(self, module: Module, concat: Instruction) -> None:
-        users = module.users()
         axis = concat.op.attrs["axis"]
-        first = min(module.instructions.index(x) for x in concat.inputs if x in module.instructions) \
-            if any(x in module.instructions for x in concat.inputs) else 0
-        buf = module.make(Allocate(concat.shape.dtype, concat.shape.lens), [], concat.origin)
-        module.instructions.insert(first, buf)
-        buf.module = module
+        length = concat.shape.lens[axis]
+        inputs = list(concat.inputs)
         offsets, offset = [], 0
-        for x in concat.inputs:
+        for x in inputs:
             offsets.append(offset)
             offset += x.shape.lens[axis]
-        # write the parts in the order their producers run: the chain through the buffer
-        # must not make an early producer wait for a part computed from its own output
+        writers = self._writers(module, concat, offsets)
+        before = max([0] + [-shift for _, shift, _ in writers.values()])
+        after = max([0] + [shift + src.shape.lens[axis] - length for src, shift, _ in writers.values()])
+        lens = list(concat.shape.lens)
+        lens[axis] = before + length + after
         pos = {id(i): k for k, i in enumerate(module.instructions)}
-        order = sorted(range(len(concat.inputs)), key=lambda k: pos.get(id(concat.inputs[k]), -1))
-        seen: set[int] = set()
-        for k in order:
-            x, offset = concat.inputs[k], offsets[k]
-            emb = embed_map(x.shape.lens, concat.shape.lens, axis, offset)
-            readers = users.get(x, [])
-            if _retargetable(x) and id(x) not in seen and x not in module.returns:
-                new = retarget(module, x, buf, emb)
-                module.insert_before(x, new)
-                new.module = module
-                others = [r for r in readers if r is not concat]
-                if others:
-                    part = module.make(Slice([axis], [offset], [offset + x.shape.lens[axis]]), [new], x.origin)
-                    module.insert_before(x, part)
-                    part.module = module
-                    for r in others:
-                        r.inputs = [part if i is x else i for i in r.inputs]
-                module.remove(x)
-            else:
+        written = {k for _, _, ks in writers.values() for k in ks}
+        # write the parts in the order their producers run: the chain through the buffer
+        # must not make an early producer wait for a part computed from its own output;
+        # a step is a writing kernel's id or, for an input that needs a copy, its index
+        steps: list[tuple[int, str, int]] = [(pos[key], "kernel", key) for key in writers]
+        steps += [(pos.get(id(inputs[k]), -1), "copy", k) for k in range(len(inputs)) if k not in written]
+        steps.sort(key=lambda step: step[0])
+        buf = module.make(Allocate(concat.shape.dtype, lens), [], concat.origin)
+        module.insert_before(module.instructions[min([p for p, _, _ in steps if p >= 0], default=0)], buf)
+        for _, kind, key in steps:
+            if kind == "kernel":
+                src, shift, _ = writers[key]
+                at, n = before + shift, src.shape.lens[axis]
+                new = retarget(module, src, buf, embed_map(src.shape.lens, lens, axis, at))
+                module.insert_before(src, new)
+                # every other reader (slices feeding this concat included) reads its part of the buffer
+                part = module.make(Slice([axis], [at], [at + n]), [new], src.origin)
+                module.insert_before(src, part)
+                module.replace_uses(src, part)
+                module.remove(src)
+            else:  # the input as it is read now (it may have become a view of this buffer)
+                x = concat.inputs[key]
                 b = GroupBuilder(group_name(module))
                 value = b.gather(x)
                 dest = b.param(buf)
+                emb = embed_map(x.shape.lens, lens, axis, before + offsets[key])
                 st = b.add(Store(emb, ()), [dest, value], concat.origin)
                 b.sub.set_returns([st], ["out"])
                 new = Instruction(Fused(b.sub, "copy"), b.inputs, st.shape, concat.origin)
                 module.insert_before(concat, new)
-                new.module = module
-            seen.add(id(x))
             buf = new
+        if before or after:
+            view = module.make(Slice([axis], [before], [before + length]), [buf], concat.origin)
+            module.insert_before(concat, view)
+            buf = view
         module.replace_uses(concat, buf)
         module.remove(concat)
         module.sort()

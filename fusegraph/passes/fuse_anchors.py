@@ -147,6 +147,24 @@ class _Epilogue:
         return closure
 
 
+def anchor_group(module: Module, anchor: Instruction) -> tuple[Instruction, list[Instruction]]:
+    """The output and the members (in program order, the anchor first) of the group that
+    `FuseAnchors` would build for `anchor` in `module` as it stands; `module` is not changed.
+
+    Rewrites that run before fusion ask this to learn which instructions would share a kernel
+    with an anchor, from the same rule that fusion applies.
+    """
+    b = GroupBuilder("probe")
+    try:
+        if anchor.shape.elements == 0:
+            raise Unfusable(f"empty tensor {anchor.shape}")
+        value = b.add(anchor.op, [b.gather(x) for x in anchor.inputs], anchor.origin)
+        out, _, members = _Epilogue(module, anchor, b).grow(value)
+    except Unfusable:
+        return anchor, [anchor]
+    return out, members
+
+
 class FuseAnchors:
     """One fused instruction per anchor, with its prologue views and its invertible epilogue."""
 

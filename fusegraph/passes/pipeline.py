@@ -1,9 +1,10 @@
 """The default pass pipelines.
 
-Canonicalization first, so fusion sees the simplest graph; then anchors take their
-epilogues (they are the expensive kernels and must absorb the most), then reductions and
-data movement, then whatever pointwise ops are left, and finally concats become buffers that
-their producers write into.
+Canonicalization first, so fusion sees the simplest graph; then sibling anchors that read
+the same input merge into one (horizontal fusion), anchors take their epilogues (they are
+the expensive kernels and must absorb the most), then reductions and data movement, then
+whatever pointwise ops are left, and finally concats become buffers that their producers
+write into.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fusegraph.passes.fold_into_weights import FoldIntoWeights
 from fusegraph.passes.fuse_anchors import FuseAnchors, FuseMovement, FuseReductions
 from fusegraph.passes.fuse_pointwise import FusePointwise
 from fusegraph.passes.manager import Pass, PassReport, run_passes
+from fusegraph.passes.merge_siblings import MergeSiblings
 
 
 def canonicalize_passes() -> list[Pass]:
@@ -29,7 +31,7 @@ def canonicalize_passes() -> list[Pass]:
 
 
 def fusion_passes() -> list[Pass]:
-    return [FuseAnchors(), FuseReductions(), FuseMovement(), FusePointwise(), EliminateConcat(), DeadCodeElimination()]
+    return [MergeSiblings(), FuseAnchors(), FuseReductions(), FuseMovement(), FusePointwise(), EliminateConcat(), DeadCodeElimination()]
 
 
 def default_pipeline() -> list[Pass]:
