@@ -211,3 +211,25 @@ def test_memory_plan_reuses_the_arena():
     assert len(c.kernels) == 6
     assert c.plan.arena_bytes <= 2 * 4 * 36 * 4 + 512
     assert c.plan.lower_bound <= c.plan.arena_bytes
+
+
+def test_split_k_sums_partials_and_leaves_the_workspace_zeroed():
+    """A small feature map with a long k loop takes split-k configs; each tile's last program
+    runs the epilogue, and the scratch must be clean for the next run."""
+    m = make_model([node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                    node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["y"])],
+                   {"x": [1, 64, 4, 4]}, ["y"], {"w": rand(32, 64, 3, 3, seed=2, scale=0.1), "b": rand(32, seed=3)})
+    program = parse_onnx(m)
+    compiled = program.compile(target="gpu", tune=False)
+    (k,) = compiled.kernels
+    split = [c for c in k.src.configs if c["SPLIT"] > 1]
+    assert split, k.src.configs
+    k.config = split[0]
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        x = rng.standard_normal((1, 64, 4, 4)).astype(np.float32)
+        compiled.poison()
+        got = compiled.run({"x": x})["y"]
+        assert rel_err(got, program.run({"x": x})["y"]) < TOL
+    ws, cnt = (compiled._tensors[b.id] for b in compiled.plan.buffers if b.kind == "scratch")
+    assert not ws.any() and not cnt.any()

@@ -19,10 +19,15 @@ step() {  # step NAME COMMAND...
   local dt=$(echo "$(date +%s.%N) - $t0" | bc)
   summary+=("$(printf '%-28s rc=%-3s %6.1fs  %s' "$name" "$rc" "$dt" "$(grep -E 'passed|failed|PASS|FAIL|Total time|error' "$out/$name.log" | tail -1)")")
 }
-step gpu_tests $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py
-step verify_fp32 $py -m fusegraph.driver.cli verify yolov5s --target gpu
-step verify_fp16 $py -m fusegraph.driver.cli verify yolov5s --target gpu --fp16
-step perf_fp16 $py -m fusegraph.driver.cli perf yolov5s --fp16 --trace "$out/yolov5s_fp16_trace.json"
-step perf_fp16_cached $py -m fusegraph.driver.cli perf yolov5s --fp16
-for f in "${@:2}"; do :; done
+steps=${STEPS:-"perf_fp16 perf_fp16_cached verify_fp16 verify_fp32 gpu_tests"}
+for s in $steps; do
+  case $s in
+    gpu_tests) step gpu_tests timeout 300 $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py ;;
+    verify_fp32) step verify_fp32 timeout 300 $py -m fusegraph.driver.cli verify yolov5s --target gpu ;;
+    verify_fp16) step verify_fp16 timeout 300 $py -m fusegraph.driver.cli verify yolov5s --target gpu --fp16 ;;
+    perf_fp16) step perf_fp16 timeout 300 $py -m fusegraph.driver.cli perf yolov5s --fp16 --trace "$out/yolov5s_fp16_trace.json" ;;
+    perf_fp16_cached) step perf_fp16_cached timeout 120 $py -m fusegraph.driver.cli perf yolov5s --fp16 ;;
+    *) step "$s" timeout 300 $py $s ;;
+  esac
+done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -30,6 +30,9 @@ def use_interpreter_without_gpu() -> bool:
 
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         return False
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("no GPU: the kernels need Triton's interpreter, which must be switched on before "
+                           "triton is imported; set TRITON_INTERPRET=1 in the environment")
     os.environ["TRITON_INTERPRET"] = "1"
     return True
 
@@ -78,7 +81,8 @@ class CompiledProgram:
         self.interpreted = device == "cpu"
         main = program.main
         self._params = {k: v for k, v in main.params.items()}
-        self._tensors: dict[int, Any] = {}
+        self._tensors: dict[int, Any] = {}  # buffer id -> its flat tensor
+        self._staged: dict[str, Any] = {}  # device copies of host (NumPy) inputs, at fixed addresses
         arena = torch.empty(max(plan.arena_bytes, 1), dtype=torch.uint8, device=device)
         self._arena = arena
         for ins in main.instructions:
@@ -94,6 +98,9 @@ class CompiledProgram:
                 self._tensors[b.id] = arena[b.offset:b.offset + n * b.shape.dtype.itemsize].view(dt)
             elif b.kind == "output":
                 self._tensors[b.id] = torch.empty(n, dtype=dt, device=device)
+        for b in plan.buffers:
+            if b.kind == "scratch":
+                self._tensors[b.id] = torch.zeros(max(1, b.shape.elements), dtype=torch_dtype(b.shape.dtype), device=device)
         self._graphs: dict[tuple, Any] = {}
         self._bound: tuple | None = None
 
@@ -160,10 +167,9 @@ class CompiledProgram:
     def _staging(self, name: str, p: Instruction, dtype: Any) -> Any:
         import torch
 
-        key = -1 - list(self._params).index(name)
-        if key not in self._tensors:
-            self._tensors[key] = torch.empty(max(1, p.shape.elements), dtype=dtype, device=self.device)
-        return self._tensors[key]
+        if name not in self._staged:
+            self._staged[name] = torch.empty(max(1, p.shape.elements), dtype=dtype, device=self.device)
+        return self._staged[name]
 
     def _args(self, kernel: Kernel, inputs: Mapping[str, Any]) -> list[Any]:
         return [inputs[b.name] if b.kind == "param" else self._tensors[b.id] for b in kernel.args]

@@ -12,7 +12,9 @@ from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
 from fusegraph.targets.gpu.codegen import generate, kernel_inputs
 from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
-from fusegraph.targets.gpu.memory_plan import plan_memory, stored_buffer_input
+from fusegraph.ir.shape import Shape
+from fusegraph.targets.gpu.memory_plan import Buffer, plan_memory, stored_buffer_input
+from fusegraph.targets.gpu.templates.gemm import workspace_elements
 from fusegraph.targets.gpu.parallel_compile import compile_all
 
 DEFAULT_TUNE_CONFIGS = 4  # candidates per kernel unless exhaustive
@@ -45,11 +47,17 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
         fuse(p)
     plan = plan_memory(p.main)
     fused = [i for i in p.main if i.op.name == "fused"]
+    sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
+    # split-k scratch, shared by every kernel (they run one after another and leave it zeroed)
+    need = [workspace_elements(src, c) for src in sources for c in src.configs]
+    scratch = {"ws": Buffer(-2, Shape.of(DType.float32, [max([1] + [n for n, _ in need])]), "scratch"),
+               "cnt": Buffer(-3, Shape.of(DType.int32, [max([1] + [t for _, t in need])]), "scratch")}
+    plan.buffers += list(scratch.values())
     kernels: list[Kernel] = []
-    for pos, ins in enumerate(fused):
+    for pos, (ins, src) in enumerate(zip(fused, sources)):
         buffers = [plan.of[id(x)] for x in ins.inputs]
-        src = generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret)
-        arg_buffers = [plan.of[id(ins)] if a == "out" else buffers[int(a[1:])] for a in src.args]
+        arg_buffers = [plan.of[id(ins)] if a == "out" else scratch[a] if a in scratch else buffers[int(a[1:])]
+                       for a in src.args]
         if stored_buffer_input(ins) is None and "out" not in src.args:
             raise AssertionError(f"{src.name} writes no output buffer")
         kernels.append(Kernel(ins, src, load_kernel(src), src.configs[0], arg_buffers))

@@ -38,7 +38,8 @@ class KernelSource:
     body: str
     args: list[str]
     configs: list[Config]
-    grid_dims: list[tuple[int, str | None]]  # per grid axis: extent, and the block size dividing it
+    # per grid axis: extent, the config key dividing it (a block size), the key multiplying it
+    grid_dims: list[tuple[int, str | None, str | None]]
     flops: int = 0
     interpret: bool = False
 
@@ -47,7 +48,7 @@ class KernelSource:
         return HEADER.format(libdevice=LIBDEVICE[self.interpret]) + "\n\n" + self.body
 
     def grid(self, config: Config) -> tuple[int, ...]:
-        return tuple(cdiv(n, config[b]) if b else n for n, b in self.grid_dims)
+        return tuple((cdiv(n, config[b]) if b else n) * (config[m] if m else 1) for n, b, m in self.grid_dims)
 
     @property
     def digest(self) -> str:

@@ -156,10 +156,10 @@ class KernelWriter:
         idx = m.apply(index, check=False)
         addr = linear_offset(idx, shape.strides, shape.offset)
         dconds, dvars = self.domain_conds(ins, tile, index)
-        conds = list(mask) + dconds
         addr_vars = self._vars_of([addr]) & tile.dims
         used = addr_vars | dvars | (tile.dims if mask else set())
-        conds += tile.mask_for(used)
+        # tile-shaped conditions first: a scalar condition on the left of `&` breaks the interpreter
+        conds = tile.mask_for(used) + dconds + list(mask)
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(used - addr_vars)}"
         if conds:
             code = f"tl.load({ptr}, mask={' & '.join(_dedupe(conds))}, other=0)"
@@ -220,7 +220,7 @@ class KernelWriter:
         idx = m.apply(index, check=False)
         addr = linear_offset(idx, shape.strides, shape.offset)
         dconds, _ = self.domain_conds(ins, tile, index)
-        conds = list(mask) + dconds + tile.mask_for(tile.dims)
+        conds = tile.mask_for(tile.dims) + dconds + list(mask)
         value = self.value(ins.inputs[1], tile, index, mask)
         value = f"{value}.to({TRITON_TYPES[shape.dtype]})" if shape.dtype != DType.bool else f"({value} != 0)"
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(tile.dims - self._vars_of([addr]))}"
@@ -250,14 +250,6 @@ def _dedupe(items: list[str]) -> list[str]:
         if x not in seen:
             seen.append(x)
     return seen
-
-
-def stores_of(module: Module) -> list[Instruction]:
-    """The stores that end each chain into the returned buffer, in order (the last one)."""
-    (ret,) = module.returns
-    if ret.op.name != "store":
-        raise CodegenError(f"fused module {module.name} returns {ret.op.name}, not a store")
-    return [ret]
 
 
 def var(name: str, extent: int) -> Var:

@@ -41,7 +41,7 @@ def flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs,
     configs = [{"XBLOCK": block, "num_warps": 4, "num_stages": 1}]
     if block > 256:
         configs += [{"XBLOCK": 256, "num_warps": 2, "num_stages": 1}, {"XBLOCK": 512, "num_warps": 4, "num_stages": 1}]
-    return KernelSource(name, kernel, "flat", body, args, configs, [(total, "XBLOCK")])
+    return KernelSource(name, kernel, "flat", body, args, configs, [(total, "XBLOCK", None)])
 
 
 def _space(store: Instruction) -> tuple[int, ...]:

@@ -34,6 +34,14 @@ class GemmSpec:
     b_index: Index  # over rk, rn, bz
     out_index: Index  # over rm, rn, bz
     a_valid: list[tuple[Expr, int, int]]  # zero padding: (expr, lo, hi) conditions on the A index
+    taps: int = 0  # > 0: the k loop walks (tap, channel chunk) with channels `rk` of extent k // taps
+
+
+def tap_major(conv: Instruction) -> bool:
+    """Whether the k loop can walk the window taps outermost: every channel chunk then lies in one
+    tap, so the tap's offsets and padding checks are per-iteration scalars, not per element."""
+    x, w = conv.inputs
+    return (x.shape.lens[1] // conv.op.attrs["group"]) % 16 == 0
 
 
 def conv_spec(conv: Instruction) -> GemmSpec:
@@ -46,15 +54,21 @@ def conv_spec(conv: Instruction) -> GemmSpec:
     P, KK = math.prod(O), math.prod(k_sp)
     cg, ng = X[1] // g, W[0] // g
     M, N, K = X[0] * P, ng, cg * KK
-    rm, rn, rk, gz = var("rm", M), var("rn", N), var("rk", K), var("gz", g)
+    rm, rn, gz = var("rm", M), var("rn", N), var("gz", g)
     n_idx = rm // P
     o = delinearize(rm % P, O) if O else ()
-    ci = rk // KK
-    kk = delinearize(rk % KK, k_sp) if k_sp else ()
+    taps = tap_major(conv)
+    if taps:  # k = tap * cg + channel; `rk` is the channel, `tap` a loop scalar
+        ci, tap = var("rk", cg), var("tap", KK)
+        kk = delinearize(tap, k_sp) if k_sp else ()
+    else:
+        rk = var("rk", K)
+        ci = rk // KK
+        kk = delinearize(rk % KK, k_sp) if k_sp else ()
     spatial = [o[j] * a["stride"][j] - a["padding"][j] + kk[j] * a["dilation"][j] for j in range(r)]
     valid = [(spatial[j], 0, X[2 + j]) for j in range(r)]
     return GemmSpec(M, N, K, g, (n_idx, gz * cg + ci, *spatial), (gz * ng + rn, ci, *kk),
-                    (n_idx, gz * ng + rn, *o), valid)
+                    (n_idx, gz * ng + rn, *o), valid, KK if taps else 0)
 
 
 def dot_spec(dot: Instruction) -> GemmSpec:
@@ -83,19 +97,25 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     w = KernelWriter(module, inputs, {id(anchor): acc_value})
     w.emit("pid_m = tl.program_id(0)")
     w.emit("pid_n = tl.program_id(1)")
-    w.emit("gz = tl.program_id(2)")
+    w.emit("gz = tl.program_id(2) // SPLIT")
+    w.emit("pid_k = tl.program_id(2) % SPLIT")
     w.emit("rm = pid_m * BM + tl.arange(0, BM)")
     w.emit("rn = pid_n * BN + tl.arange(0, BN)")
     w.emit("acc = tl.zeros([BM, BN], dtype=tl.float32)")
-    w.emit(f"for k0 in range(0, {spec.k}, BK):")
+    w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
     w.indent += 1
-    w.emit("rk = k0 + tl.arange(0, BK)")
+    if spec.taps:  # chunks never straddle taps: BK divides the channels
+        channels = spec.k // spec.taps
+        w.emit(f"tap = k0 // {channels}")
+        w.emit(f"rk = k0 % {channels} + tl.arange(0, BK)")
+        k_bounds: tuple[str | None, str | None] = (None, None)
+    else:
+        w.emit("rk = k0 + tl.arange(0, BK)")
+        k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
     m_bound = f"(rm[:, None] < {spec.m})"
     n_bound = f"(rn[None, :] < {spec.n})"
-    ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"},
-              {"rm": m_bound, "rk": f"(rk[None, :] < {spec.k})"})
-    tb = Tile({"rk": "rk[:, None]", "rn": "rn[None, :]", "gz": "gz"},
-              {"rk": f"(rk[:, None] < {spec.k})", "rn": n_bound})
+    ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
+    tb = Tile({"rk": "rk[:, None]", "rn": "rn[None, :]", "gz": "gz", "tap": "tap"}, {"rk": k_bounds[1], "rn": n_bound})
     conds = []
     for e, lo, hi in spec.a_valid:
         blo, bhi = bounds(e)
@@ -117,16 +137,49 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     w.emit(f"acc = tl.dot(tl.broadcast_to({av}, [BM, BK]).to({operand}), "
            f"tl.broadcast_to({bv}, [BK, BN]).to({operand}), acc{precision})")
     w.indent -= 1
+    _split_k_fixup(w)
     te = Tile({"rm": "rm[:, None]", "rn": "rn[None, :]", "gz": "gz"}, {"rm": m_bound, "rn": n_bound})
     (ret,) = module.returns
-    w.store(ret, te, out_index)
-    args = w.arg_list()
-    body = signature(name, args, ["BM", "BN", "BK"]) + "\n" + "\n".join(w.lines) + "\n"
+    w.store(ret, te, out_index, ("last",))
+    args = w.arg_list() + ["ws", "cnt"]
+    body = signature(name, args, ["BM", "BN", "BK", "SPLIT"]) + "\n" + "\n".join(w.lines) + "\n"
     configs = _configs(spec)
     m, n, batch = spec.m, spec.n, spec.batch
     return KernelSource(name, kernel, "gemm", body, args, configs,
-                        [(m, "BM"), (n, "BN"), (batch, None)],
+                        [(m, "BM", None), (n, "BN", None), (batch, None, "SPLIT")],
                         flops=2 * spec.m * spec.n * spec.k * spec.batch)
+
+
+def _split_k_fixup(w: KernelWriter) -> None:
+    """With SPLIT > 1 programs share a tile's k range: each adds its partial sum into a float32
+    workspace, and the last to arrive (a counter per tile) takes the sum, resets the workspace
+    and counter to zero for the next run, and alone runs the epilogue. One kernel still, and
+    small batch-1 layers get enough programs to fill the GPU."""
+    # `last` is a full tile: a scalar condition in a mask trips Triton's interpreter
+    w.emit("last = tl.full([BM, BN], 1, tl.int1) & (pid_k == 0)")
+    w.emit("if SPLIT > 1:")
+    w.indent += 1
+    w.emit("tile = (gz * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m")
+    w.emit("wp = ws + tile * (BM * BN) + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]")
+    w.emit('tl.atomic_add(wp, acc, sem="relaxed")')
+    w.emit('seen = tl.atomic_add(cnt + tile, 1, sem="acq_rel")')
+    w.emit("is_last = seen == SPLIT - 1")
+    w.emit("last = tl.full([BM, BN], 1, tl.int1) & is_last")
+    # read the sum through the atomic unit (an add of zero), then clear it for the next run
+    w.emit('acc = tl.atomic_add(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last, sem="relaxed")')
+    w.emit("tl.store(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last)")
+    w.emit("tl.atomic_xchg(cnt + tile, 0, mask=is_last)")
+    w.indent -= 1
+
+
+def workspace_elements(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
+    """Float32 workspace elements and tile counters a GEMM kernel needs under `config`."""
+    if src.template != "gemm" or config.get("SPLIT", 1) == 1:
+        return 0, 0
+    tiles = 1
+    for extent, block, _ in src.grid_dims:
+        tiles *= -(-extent // config[block]) if block else extent
+    return tiles * config["BM"] * config["BN"], tiles
 
 
 def _pow2(x: int, lo: int, hi: int) -> int:
@@ -134,13 +187,35 @@ def _pow2(x: int, lo: int, hi: int) -> int:
 
 
 def _configs(spec: GemmSpec) -> list[dict[str, int]]:
-    """A few tile shapes around the problem's size; the first is the untuned default."""
-    bn = _pow2(spec.n, 16, 128)
-    bk = _pow2(spec.k, 16, 64)
-    out = [{"BM": 64, "BN": bn, "BK": bk, "num_warps": 4, "num_stages": 3}]
-    for bm, bn2, bk2, warps, stages in ((128, 128, 32, 8, 3), (64, 64, 32, 4, 4), (128, 64, 64, 4, 3),
-                                         (32, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 256, 64, 8, 3)):
-        c = {"BM": bm, "BN": min(bn2, _pow2(spec.n, 16, 256)), "BK": min(bk2, bk), "num_warps": warps, "num_stages": stages}
+    """Tile shapes for the problem's size, best guesses first (the first is the untuned default).
+
+    Small problems (batch-1 feature maps of 20x20 or 40x40) need small tiles to give the 132
+    multiprocessors enough programs; large ones want large tiles for reuse.
+    """
+    kmax = 64
+    if spec.taps:
+        channels = spec.k // spec.taps
+        kmax = max(b for b in (16, 32, 64) if channels % b == 0)
+    bk = min(_pow2(spec.k, 16, 64), kmax)
+    nmax = _pow2(spec.n, 16, 256)
+    shapes = [(64, 128, 64, 4, 3), (32, 64, 64, 4, 4), (64, 64, 64, 4, 4), (128, 128, 32, 8, 3),
+              (32, 32, 64, 2, 4), (128, 64, 64, 4, 3), (64, 128, 32, 4, 4), (128, 256, 64, 8, 3)]
+    def tiles(bm: int, bn: int) -> int:
+        return -(-spec.m // bm) * -(-spec.n // min(bn, nmax)) * spec.batch
+
+    if tiles(64, 128) < 132:
+        # too few programs to fill the GPU: the largest tiles that still fill it, then the most programs
+        shapes.sort(key=lambda t: (0, -t[0] * t[1]) if tiles(t[0], t[1]) >= 132 else (1, -tiles(t[0], t[1])))
+    out: list[dict[str, int]] = []
+    for bm, bn, bk2, warps, stages in shapes:
+        c = {"BM": bm, "BN": min(bn, nmax), "BK": min(bk2, bk), "SPLIT": 1, "num_warps": warps, "num_stages": stages}
         if c not in out:
             out.append(c)
+    # split k where even small tiles leave most multiprocessors idle and the k loop is long
+    few = tiles(32, 64)
+    chunks = -(-spec.k // 64)
+    if few < 132 and chunks >= 8:
+        split = min(8, max(2, 264 // few), chunks // 4)
+        for bm, bn in ((32, 64), (64, 64)):
+            out.insert(1, {"BM": bm, "BN": min(bn, nmax), "BK": min(64, bk), "SPLIT": split, "num_warps": 4, "num_stages": 4})
     return out

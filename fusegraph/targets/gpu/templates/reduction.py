@@ -167,7 +167,7 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     configs = [{"BO": bo, "BR": br, "num_warps": 4, "num_stages": 1}]
     if br > 128:
         configs.append({"BO": max(1, min(bo * 2, 8192 // (br // 2))), "BR": br // 2, "num_warps": 4, "num_stages": 1})
-    return KernelSource(name, kernel, "reduction", body, args, configs, [(O, "BO")])
+    return KernelSource(name, kernel, "reduction", body, args, configs, [(O, "BO", None)])
 
 
 def _store_full(w: KernelWriter, module: Module, tile: Tile, index: Index) -> None:

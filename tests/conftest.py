@@ -1,0 +1,12 @@
+"""Test-session setup.
+
+Without an NVIDIA GPU the gpu target's kernels run under Triton's interpreter, which must be
+switched on before Triton is first imported (its standard library is defined at import):
+so it is set here, before any test module can import torch or triton.
+"""
+
+import os
+from pathlib import Path
+
+if not Path("/dev/nvidiactl").exists() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
