@@ -3,31 +3,46 @@
 #   PYTHONPATH=. bash tools/gpu_check.sh [OUT_DIR]
 # Logs go to OUT_DIR (default ./gpu-logs); a short table is printed last.
 set -u
-out=${1:-${OUT:-gpu-logs}}
-mkdir -p "$out"
+final=${1:-${OUT:-gpu-logs}}
+out=$(mktemp -d)  # logs gather here; $final gets one archive, the summary and the perf report
+mkdir -p "$final"
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 export FUSEGRAPH_CACHE_DIR=${FUSEGRAPH_CACHE_DIR:-/tmp/fusegraph-cache}
 py=${PYTHON:-python3}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
   $py -c "import torch, triton, onnx, onnxruntime, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'onnx', onnx.__version__, 'ort', onnxruntime.__version__, 'numpy', numpy.__version__)"; } 2>&1 | tee "$out/env.txt"
 summary=()
-step() {  # step NAME COMMAND...
+deadline=$(( $(date +%s) + ${BUDGET_S:-100000} ))  # steps are cut to end by then
+step() {  # step NAME timeout SECONDS COMMAND...: the timeout shrinks to fit the budget
   local name=$1; shift
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s)
+  local left=$(( deadline - t0 ))
+  if [ "$left" -lt 15 ]; then summary+=("$(printf '%-20s skipped: out of time' "$name")"); return; fi
+  if [ "$1" = timeout ] && [ "$2" -gt "$left" ]; then set -- timeout "$left" "${@:3}"; fi
   "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  local dt=$(echo "$(date +%s.%N) - $t0" | bc)
-  summary+=("$(printf '%-28s rc=%-3s %6.1fs  %s' "$name" "$rc" "$dt" "$(grep -E 'passed|failed|PASS|FAIL|Total time|error' "$out/$name.log" | tail -1)")")
+  local dt=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
+  summary+=("$(printf '%-20s rc=%-3s %6ss  %s' "$name" "$rc" "$dt" "$(grep -E 'passed|failed|PASS|FAIL|Total time|rror' "$out/$name.log" | tail -1 | cut -c1-150)")")
 }
 steps=${STEPS:-"perf_fp16 perf_fp16_cached verify_fp16 verify_fp32 gpu_tests"}
 for s in $steps; do
   case $s in
     gpu_tests) step gpu_tests timeout 300 $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py ;;
     verify_fp32) step verify_fp32 timeout 300 $py -m fusegraph.driver.cli verify yolov5s --target gpu ;;
-    verify_fp16) step verify_fp16 timeout 300 $py -m fusegraph.driver.cli verify yolov5s --target gpu --fp16 ;;
-    perf_fp16) step perf_fp16 timeout 300 $py -m fusegraph.driver.cli perf yolov5s --fp16 --trace "$out/yolov5s_fp16_trace.json" ;;
-    perf_fp16_cached) step perf_fp16_cached timeout 120 $py -m fusegraph.driver.cli perf yolov5s --fp16 ;;
-    *) step "$s" timeout 300 $py $s ;;
+    verify_fp16) step verify_fp16 timeout 60 $py -m fusegraph.driver.cli verify yolov5s --target gpu --fp16 ;;
+    perf_fp16) step perf_fp16 timeout 110 $py -m fusegraph.driver.cli perf yolov5s --fp16 --trace "$out/yolov5s_fp16_trace.json" ;;
+    perf_fp16_cached) step perf_fp16_cached timeout 40 $py -m fusegraph.driver.cli perf yolov5s --fp16 ;;
+    head_bench) step head_bench timeout 130 $py bench/head.py ;;
+    yolov5s_b1) step yolov5s_b1 timeout 130 $py bench/yolov5s.py --batch 1 ;;
+    yolov5s_b32) step yolov5s_b32 timeout 150 $py bench/yolov5s.py --batch 32 --quick ;;
+    node_tests) step node_tests timeout 200 $py -m pytest -q -p no:cacheprovider -n 12 tests/test_conformance_gpu.py ;;
+    *) echo "unknown step $s" ;;
   esac
 done
+cp bench/results/*.md "$out/" 2>/dev/null
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+tar czf "$final/gpu_logs.tgz" -C "$out" .
+cp "$out/summary.txt" "$final/"
+cp "$out/perf_fp16.log" "$final/" 2>/dev/null
+cp "$out"/*.md "$final/" 2>/dev/null
+true

@@ -651,6 +651,11 @@ def _walk(e: Expr) -> Iterable[Expr]:
             stack.extend(x.factors)
 
 
+def subexpressions(e: ExprLike) -> Iterable[Expr]:
+    """Every node of ``e``, each once (a code generator looks for ``//`` and ``%`` patterns)."""
+    return _walk(as_expr(e))
+
+
 def free_vars(e: ExprLike) -> frozenset[Var]:
     """The variables occurring in ``e``."""
     return frozenset(x for x in _walk(as_expr(e)) if isinstance(x, Var))

@@ -77,6 +77,7 @@ class CompiledProgram:
         self.plan = plan
         self.device = device
         self.compile_seconds = compile_seconds
+        self.startup_seconds = 0.0  # torch import and CUDA context, paid once per process
         self.options = options
         self.interpreted = device == "cpu"
         main = program.main
@@ -234,23 +235,31 @@ class CompiledProgram:
         return outs
 
     # -- timing ------------------------------------------------------------------------
-    def time_kernels(self, iterations: int = 50) -> list[float]:
-        """Mean milliseconds of each kernel, launched one by one with events around each."""
+    def time_kernels(self, iterations: int = 50, repeats: int = 10) -> list[float]:
+        """Milliseconds of each kernel alone: a CUDA graph of `repeats` launches of it, replayed
+        `iterations` times between events, the median divided by `repeats` (launch gaps out)."""
         import torch
 
         if self.interpreted:
             raise RuntimeError("kernel timing needs a GPU")
-        args = [self._args(k, self._bound_inputs) for k in self.kernels]
-        starts = [[torch.cuda.Event(enable_timing=True) for _ in self.kernels] for _ in range(iterations)]
-        ends = [[torch.cuda.Event(enable_timing=True) for _ in self.kernels] for _ in range(iterations)]
-        for it in range(iterations):
-            for j, k in enumerate(self.kernels):
-                starts[it][j].record()
-                k.launch(args[j])
-                ends[it][j].record()
-        torch.cuda.synchronize()
-        return [float(np.mean([starts[it][j].elapsed_time(ends[it][j]) for it in range(iterations)]))
-                for j in range(len(self.kernels))]
+        out = []
+        for k in self.kernels:
+            args = self._args(k, self._bound_inputs)
+            k.launch(args)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(repeats):
+                    k.launch(args)
+            samples = []
+            for _ in range(iterations):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                graph.replay()
+                e.record()
+                e.synchronize()
+                samples.append(s.elapsed_time(e) / repeats)
+            out.append(float(np.median(samples)))
+        return out
 
     def time_runs(self, iterations: int = 100) -> list[float]:
         """Milliseconds of each of `iterations` graph replays (GPU time, events around each)."""

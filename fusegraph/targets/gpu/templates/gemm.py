@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from fusegraph.ir.dtypes import DType
-from fusegraph.ir.index_expr import Expr, bounds
+from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, bounds, subexpressions, substitute
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
@@ -81,9 +81,40 @@ def dot_spec(dot: Instruction) -> GemmSpec:
     return GemmSpec(M, N, K, nb, (*bi, rm, rk), (*bi, rk, rn), (*bi, rm, rn), [])
 
 
+def channel_period(module: Module, anchor: Instruction, spec: GemmSpec) -> int:
+    """The period P when the epilogue addresses output channels only as (n // P, n % P).
+
+    The detection head's stores split its 255 channels into 3 anchors of 85 (`n // 85` picks
+    the rows, `n % 85` the column): with one N tile per period, padded to a power of two, the
+    store address is affine along the tile and the writes coalesce; a plain 128-wide tile
+    straddles periods and stores element by element. 0 when there is no such period.
+    """
+    if spec.batch != 1 and anchor.op.name == "convolution":
+        return 0
+    axis = 1 if anchor.op.name == "convolution" else anchor.shape.ndim - 1
+    periods: set[int] = set()
+    for ins in module:
+        if ins.op.name not in ("load", "store") or ins.op.attrs["map"].out_lens != anchor.shape.lens:
+            continue
+        m = ins.op.attrs["map"]
+        v = m.out_vars[axis]
+        exprs = list(m.exprs) + [e for e, _, _ in ins.op.attrs["domain"]]
+        for e in exprs:
+            for x in subexpressions(e):
+                if isinstance(x, (FloorDiv, Mod)) and x.arg == v:
+                    periods.add(x.divisor)
+    fits = [p for p in periods if spec.n % p == 0 and p & (p - 1) and 16 < p <= 256 and spec.n > p]
+    return fits[0] if len(fits) == 1 and len(periods) == 1 else 0
+
+
 def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction,
                 allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
     spec = conv_spec(anchor) if anchor.op.name == "convolution" else dot_spec(anchor)
+    period = channel_period(module, anchor, spec)
+    if period:  # n = nq * period + rn: the tile is one period, nq the program's scalar
+        n_expr = var("nq", spec.n // period) * period + var("rn", period)
+        spec.b_index = tuple(substitute(e, {"rn": n_expr}, check=False) for e in spec.b_index)
+        spec.out_index = tuple(substitute(e, {"rn": n_expr}, check=False) for e in spec.out_index)
     dtype = anchor.inputs[0].shape.dtype
     if not dtype.is_float:
         raise CodegenError(f"{anchor.op.name} on {dtype} has no GPU template (floating point only)")
@@ -100,7 +131,7 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     w.emit("gz = tl.program_id(2) // SPLIT")
     w.emit("pid_k = tl.program_id(2) % SPLIT")
     w.emit("rm = pid_m * BM + tl.arange(0, BM)")
-    w.emit("rn = pid_n * BN + tl.arange(0, BN)")
+    w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
     w.emit("acc = tl.zeros([BM, BN], dtype=tl.float32)")
     w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
     w.indent += 1
@@ -113,9 +144,10 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         w.emit("rk = k0 + tl.arange(0, BK)")
         k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
     m_bound = f"(rm[:, None] < {spec.m})"
-    n_bound = f"(rn[None, :] < {spec.n})"
+    n_bound = f"(rn[None, :] < {period or spec.n})"
     ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
-    tb = Tile({"rk": "rk[:, None]", "rn": "rn[None, :]", "gz": "gz", "tap": "tap"}, {"rk": k_bounds[1], "rn": n_bound})
+    tb = Tile({"rk": "rk[:, None]", "rn": "rn[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
+              {"rk": k_bounds[1], "rn": n_bound})
     conds = []
     for e, lo, hi in spec.a_valid:
         blo, bhi = bounds(e)
@@ -138,15 +170,21 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
            f"tl.broadcast_to({bv}, [BK, BN]).to({operand}), acc{precision})")
     w.indent -= 1
     _split_k_fixup(w)
-    te = Tile({"rm": "rm[:, None]", "rn": "rn[None, :]", "gz": "gz"}, {"rm": m_bound, "rn": n_bound})
+    te = Tile({"rm": "rm[:, None]", "rn": "rn[None, :]", "gz": "gz", "nq": "pid_n"}, {"rm": m_bound, "rn": n_bound})
     (ret,) = module.returns
     w.store(ret, te, out_index, ("last",))
     args = w.arg_list() + ["ws", "cnt"]
     body = signature(name, args, ["BM", "BN", "BK", "SPLIT"]) + "\n" + "\n".join(w.lines) + "\n"
     configs = _configs(spec)
     m, n, batch = spec.m, spec.n, spec.batch
+    n_grid: tuple[int, str | None, str | None] = (n, "BN", None)
+    if period:
+        tile = max(16, 1 << (period - 1).bit_length())
+        configs = [c for c in ({**c, "BN": tile} for c in configs)]
+        configs = [c for k, c in enumerate(configs) if c not in configs[:k]]
+        n_grid = (n // period, None, None)
     return KernelSource(name, kernel, "gemm", body, args, configs,
-                        [(m, "BM", None), (n, "BN", None), (batch, None, "SPLIT")],
+                        [(m, "BM", None), n_grid, (batch, None, "SPLIT")],
                         flops=2 * spec.m * spec.n * spec.k * spec.batch)
 
 

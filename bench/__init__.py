@@ -1,0 +1,1 @@
+"""Benchmark scripts and their helpers (run on a GPU machine; see bench/README.md)."""

@@ -1,0 +1,152 @@
+"""What the benchmark scripts share: accuracy checks, guarded use of fusegraph's GPU target, options.
+
+fusegraph's GPU target (`Program.compile(target="gpu")`) may be missing or broken on a given
+checkout; the torch contenders must still run then, so every use of it goes through
+`compile_fusegraph` / `FusegraphRunner`, which turn a failure into a reason printed in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import traceback
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from fusegraph.ir.program import Program
+
+
+@contextlib.contextmanager
+def exact_fp32() -> Iterator[None]:
+    """Float32 convolutions and matrix products without TF32, for the references.
+
+    PyTorch lets cuDNN convolutions use TF32 by default (10-bit mantissas): a "float32"
+    reference computed that way carries errors of about 1e-3, the size of what it is meant
+    to measure.
+    """
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (inf for a shape mismatch or a non-finite value)."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return math.inf
+    a = out.detach().to(torch.float64)
+    b = ref.detach().to(device=a.device, dtype=torch.float64)
+    if not bool(torch.isfinite(a).all()):
+        return math.inf
+    return float(torch.linalg.vector_norm(a - b) / max(float(torch.linalg.vector_norm(b)), 1e-30))
+
+
+def fmt_err(err: float | None) -> str:
+    return "-" if err is None else ("inf" if math.isinf(err) else f"{err:.1e}")
+
+
+@dataclass
+class Check:
+    """The outcome of an accuracy check against the float32 reference."""
+
+    err: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.err < self.tolerance
+
+    def text(self) -> str:
+        return fmt_err(self.err) + ("" if self.ok else " FAIL")
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> Check:
+    return Check(rel_err(out, ref), tolerance)
+
+
+class FusegraphRunner:
+    """fusegraph's compiled program behind the API the benchmarks time.
+
+    `compiled.run(inputs)` takes torch tensors on the GPU and returns a dict of them;
+    `compiled.bind(inputs)` binds inputs without running and `compiled.replay()` replays the
+    captured CUDA graph on them. Inputs are offered in the benchmark's dtype (fp16) first;
+    a target that wants the model's own float32 inputs gets those instead, and the table
+    says so.
+    """
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+        self.input_dtype: torch.dtype | None = None
+
+    def _cast(self, inputs: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+
+    def run(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.input_dtype is not None:
+            return self.compiled.run(self._cast(inputs, self.input_dtype))
+        first = next(iter(inputs.values())).dtype
+        try:
+            out = self.compiled.run(dict(inputs))
+            self.input_dtype = first
+            return out
+        except Exception as first_error:
+            if first == torch.float32:
+                raise
+            try:
+                out = self.compiled.run(self._cast(inputs, torch.float32))
+            except Exception:
+                raise first_error from None
+            self.input_dtype = torch.float32
+            return out
+
+    def bind(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        self.compiled.bind(self._cast(inputs, self.input_dtype or next(iter(inputs.values())).dtype))
+
+    def replay(self) -> None:
+        self.compiled.replay()
+
+    @property
+    def kernel_count(self) -> int | None:
+        return getattr(self.compiled, "kernel_count", None)
+
+    def note(self) -> str:
+        """What the table should say about how fusegraph was fed."""
+        if self.input_dtype == torch.float32:
+            return "fusegraph took float32 inputs (its graph converts them)"
+        return ""
+
+
+def compile_fusegraph(program: Program, device: torch.device, fp16: bool = True) -> tuple[FusegraphRunner | None, str]:
+    """Compile for the GPU; on failure (no GPU target yet, no CUDA, an error) None and the reason."""
+    if device.type != "cuda":
+        return None, "fusegraph's GPU target needs CUDA"
+    compile_fn = getattr(program, "compile", None)
+    if compile_fn is None:
+        return None, "fusegraph has no Program.compile yet (GPU target not built)"
+    try:
+        compiled = compile_fn(target="gpu", fp16=fp16)
+    except Exception as e:  # report, never abort the torch contenders
+        traceback.print_exc()
+        return None, f"compile failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return FusegraphRunner(compiled), ""
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run of the torch contenders)")
+    parser.add_argument("--quick", action="store_true", help="few runs: a smoke test, not a measurement")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    parser.add_argument("--tolerance", type=float, default=1e-2,
+                        help="largest relative norm error against the float32 reference (default 1e-2)")
+    parser.add_argument("--name", default=None, help="results file name under bench/results/ (without .md)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated contenders to run (default: all that apply)")
+    parser.add_argument("--no-save", action="store_true", help="print the tables, write no results file")
+
+
+def selected(name: str, only: str | None) -> bool:
+    return only is None or name in {s.strip() for s in only.split(",")}

@@ -1,0 +1,84 @@
+"""Per-kernel table of YOLOv5s: each fusegraph kernel's time against its own floor.
+
+Reads the per-kernel lines of a `fusegraph perf` report (measured on the GPU) and joins them
+with each kernel's bytes and FLOPs, counted here from the same fused program: bytes are every
+input read once (the view's elements for a slice of a larger buffer; not a buffer the kernel
+only writes into) plus the elements it stores; FLOPs are 2*M*N*K of its matrix product. The
+floor is the larger of bytes over the copy bandwidth and FLOPs over the matrix rate; the table
+is sorted by time lost (time minus floor), so the next kernel to work on comes first.
+
+    python3 bench/kernel_floors.py PERF_LOG [--model yolov5s] [--fp16] [--bandwidth 4.2e12] [--flops 7.9e14]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+LINE = re.compile(r"^(@\d+) = (\S+)\(.*\) -> .*: ([0-9.]+)ms, \d+%$")
+
+
+def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, str]]:
+    """For each fused instruction, by its printed name: kernel name, bytes, FLOPs, output shape."""
+    from fusegraph import parse_onnx
+    from fusegraph.ir.dtypes import DType
+    from fusegraph.passes.pipeline import fuse
+    from fusegraph.passes.to_half import ToHalf
+    from fusegraph.targets.gpu.codegen import program_kernels
+
+    program = parse_onnx(model)
+    if fp16:
+        ToHalf(DType.float16).apply(program.main)
+    fuse(program)
+    sources = program_kernels(program)
+    out = {}
+    fused = [(pos, ins) for pos, ins in enumerate(program.main.instructions) if ins.op.name == "fused"]
+    for (pos, ins), src in zip(fused, sources):
+        module = ins.op.module
+        params = list(module.params.values())
+        read = {id(x) for i in module for x in i.inputs if i.op.name == "load"}
+        nbytes = sum(x.shape.elements * x.shape.dtype.itemsize for p, x in zip(params, ins.inputs) if id(p) in read)
+        (ret,) = module.returns
+        stored = math.prod(ret.op.attrs["map"].out_lens) * ret.shape.dtype.itemsize
+        out[f"@{pos}"] = (ins.op.attrs["kernel"], nbytes + stored, src.flops, "x".join(map(str, ins.shape.lens)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("perf_log", type=Path)
+    ap.add_argument("--model", default="yolov5s")
+    ap.add_argument("--fp16", action="store_true", default=True)
+    ap.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s (measured copy bandwidth)")
+    ap.add_argument("--flops", type=float, default=7.9e14, help="FLOP/s (measured dense fp16/bf16 matrix rate)")
+    args = ap.parse_args(argv)
+    times = {}
+    for line in args.perf_log.read_text().splitlines():
+        m = LINE.match(line.strip())
+        if m:
+            times[m.group(1)] = (m.group(2), float(m.group(3)) * 1e3)
+    costs = kernel_costs(args.model, args.fp16)
+    rows = []
+    for name, (kernel, us) in times.items():
+        k2, nbytes, flops, shape = costs[name]
+        assert k2 == kernel, f"{name}: the log says {kernel}, the program {k2}"
+        floor = max(nbytes / args.bandwidth, flops / args.flops) * 1e6
+        rows.append((us - floor, name, kernel, shape, us, nbytes, flops, floor))
+    rows.sort(reverse=True)
+    total = sum(r[4] for r in rows)
+    total_floor = sum(r[7] for r in rows)
+    print(f"| kernel | name | output | time us | bytes | MFLOP | floor us | time / floor | lost us |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for lost, name, kernel, shape, us, nbytes, flops, floor in rows:
+        print(f"| {name} | {kernel} | {shape} | {us:.1f} | {nbytes / 1e6:.2f} MB | {flops / 1e6:.0f} | {floor:.2f} | "
+              f"{us / floor:.1f}x | {lost:.1f} |")
+    print(f"\nsum of kernel times {total:.1f} us, sum of floors {total_floor:.1f} us "
+          f"(bandwidth {args.bandwidth / 1e12:.1f} TB/s, matrix rate {args.flops / 1e12:.0f} TFLOP/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
