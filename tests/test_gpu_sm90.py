@@ -9,7 +9,6 @@ variant the benchmarks run; fp32 kernels differ in operand types only.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -17,7 +16,8 @@ from fusegraph import parse_onnx
 from fusegraph.ir.dtypes import DType
 from fusegraph.passes.pipeline import fuse
 from fusegraph.passes.to_half import ToHalf
-from fusegraph.targets.gpu.codegen import kernel_inputs, generate
+from fusegraph.targets.gpu.ahead_of_time import arg_dtypes, compile_many
+from fusegraph.targets.gpu.codegen import generate, kernel_inputs
 from fusegraph.targets.gpu.memory_plan import plan_memory
 
 H200_SHARED_BYTES = 232448  # 227 KiB per block
@@ -31,16 +31,8 @@ def _kernels():
     out = []
     for pos, ins in enumerate(i for i in program.main if i.op.name == "fused"):
         src = generate(ins, pos, kernel_inputs(ins, plan))
-        dtypes = [ins.shape.dtype if a == "out" else ins.inputs[int(a[1:])].shape.dtype for a in src.args]
-        out.append((src, dtypes))
+        out.append((src, arg_dtypes(ins, src)))
     return out
-
-
-def _compile(job):
-    from fusegraph.targets.gpu.ahead_of_time import compile_for
-
-    src, dtypes = job
-    return compile_for(src, dtypes)
 
 
 @pytest.mark.slow
@@ -48,9 +40,7 @@ def test_every_yolov5s_kernel_compiles_for_sm90():
     pytest.importorskip("triton")
     jobs = _kernels()
     assert len(jobs) >= 50
-    workers = max(1, min(4, os.cpu_count() or 1))
-    with ProcessPoolExecutor(workers) as pool:
-        results = list(pool.map(_compile, jobs))
+    results = compile_many(jobs, workers=max(1, min(4, os.cpu_count() or 1)))
     for (src, _), r in zip(jobs, results):
         assert r.cubin_bytes > 0 and r.ptx_lines > 0, src.name
         assert r.shared_bytes <= H200_SHARED_BYTES, f"{src.name} needs {r.shared_bytes} bytes of shared memory"

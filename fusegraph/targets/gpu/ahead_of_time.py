@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
@@ -18,6 +18,22 @@ from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 POINTER_TYPES = {DType.float32: "*fp32", DType.float16: "*fp16", DType.bfloat16: "*bf16", DType.float64: "*fp64",
                  DType.int64: "*i64", DType.int32: "*i32", DType.int16: "*i16", DType.int8: "*i8",
                  DType.uint8: "*u8", DType.bool: "*i1"}
+
+
+SCRATCH_TYPES = {"ws": DType.float32, "cnt": DType.int32}  # the split-k workspace and tile counters
+
+
+def arg_dtypes(fused: Any, src: KernelSource) -> list[DType]:
+    """Element type of each pointer argument of `src`, the kernel of fused instruction `fused`."""
+    out = []
+    for a in src.args:
+        if a == "out":
+            out.append(fused.shape.dtype)
+        elif a in SCRATCH_TYPES:
+            out.append(SCRATCH_TYPES[a])
+        else:
+            out.append(fused.inputs[int(a[1:])].shape.dtype)
+    return out
 
 
 @dataclass
@@ -37,6 +53,29 @@ def _compiled_mode() -> Iterator[None]:
     finally:
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
+
+
+def _without_interpreter() -> None:
+    os.environ.pop("TRITON_INTERPRET", None)
+
+
+def _compile_job(job: tuple[KernelSource, list[DType]]) -> Compiled:
+    return compile_for(*job)
+
+
+def compile_many(jobs: list[tuple[KernelSource, list[DType]]], workers: int = 2) -> list[Compiled]:
+    """`compile_for` each (source, argument types) in fresh worker processes.
+
+    Triton defines its standard library as interpreted or compiled when it is first imported,
+    so the workers start without TRITON_INTERPRET (a test session without a GPU sets it) and
+    import triton only then.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_without_interpreter) as pool:
+        return list(pool.map(_compile_job, jobs))
 
 
 def compile_for(src: KernelSource, arg_dtypes: list[DType], config: Config | None = None,

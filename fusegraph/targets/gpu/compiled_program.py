@@ -143,6 +143,8 @@ class CompiledProgram:
         for name, p in self._params.items():
             v = inputs[name]
             want = torch_dtype(p.shape.dtype)
+            if not isinstance(v, (torch.Tensor, np.ndarray)) and hasattr(v, "__dlpack__"):
+                v = torch.from_dlpack(v)  # CuPy, JAX, ... arrays: shared, not copied
             if not isinstance(v, torch.Tensor):
                 host = True
                 arr = np.asarray(v)
@@ -224,8 +226,9 @@ class CompiledProgram:
         return out
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Run once. NumPy inputs give NumPy outputs (copies); torch tensors give device tensors
-        that stay valid until the next run."""
+        """Run once. NumPy inputs give NumPy outputs (copies); torch tensors (or any DLPack
+        array) on the device are read in place and give device tensors that stay valid until
+        the next run (`torch.utils.dlpack` hands them to other frameworks without a copy)."""
         _, host = self._inputs(inputs)
         self.bind(inputs)
         self.replay()

@@ -12,6 +12,7 @@ from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
 from fusegraph.targets.gpu.codegen import generate, kernel_inputs
 from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
+from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 from fusegraph.ir.shape import Shape
 from fusegraph.targets.gpu.memory_plan import Buffer, plan_memory, stored_buffer_input
 from fusegraph.targets.gpu.templates.gemm import workspace_elements
@@ -67,7 +68,8 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
                        for a in src.args]
         if stored_buffer_input(ins) is None and "out" not in src.args:
             raise AssertionError(f"{src.name} writes no output buffer")
-        kernels.append(Kernel(ins, src, load_kernel(src), src.configs[0], arg_buffers))
+        config = _interpreter_config(src) if interpret else src.configs[0]
+        kernels.append(Kernel(ins, src, load_kernel(src), config, arg_buffers))
         if progress:
             progress("generating kernels", pos + 1, len(fused))
     options = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32}
@@ -77,6 +79,15 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     compiled.compile_seconds = time.monotonic() - start
     compiled.startup_seconds = startup
     return compiled
+
+
+def _interpreter_config(src: KernelSource) -> Config:
+    """Under the interpreter every program costs Python time: the largest tiles, no split-k."""
+    def size(c: Config) -> tuple[int, int]:
+        tile = c.get("XBLOCK", 1) * c.get("BM", 1) * c.get("BN", 1) * c.get("BK", 1) * c.get("BO", 1) * c.get("BR", 1)
+        return -c.get("SPLIT", 1), tile
+
+    return max(src.configs, key=size)
 
 
 def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, int, int], None] | None) -> None:

@@ -1,0 +1,54 @@
+"""Whole zoo models on the gpu target against the reference target.
+
+Every kind of fused kernel the zoo produces (convolutions with their SiLU/ReLU epilogues and
+concat-buffer stores, the detection heads, pooling, copies, LRN, softmax, reductions, matrix
+products) runs here: under Triton's interpreter without a GPU, compiled on a GPU. Buffers are
+poisoned with NaN first, so an element no kernel writes fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fusegraph import parse_onnx
+from fusegraph.driver.inputs import random_inputs
+from tests.helpers import rel_err
+
+# fast enough under the interpreter for every CI run; the rest on a GPU or with FUSEGRAPH_SLOW_TESTS=1
+RUN_SLOW = Path("/dev/nvidiactl").exists() or os.environ.get("FUSEGRAPH_SLOW_TESTS") == "1"
+QUICK = ["yolov5s-160"]
+SLOW = ["yolov5s-bn-160", "light_squeezenet", "light_inception_v1", "light_shufflenet", "light_resnet50", "light_densenet121", "light_bvlc_alexnet",
+        "light_zfnet512", "light_vgg19", "light_inception_v2"]
+
+
+def _check(name: str, fp16: bool = False) -> None:
+    program = parse_onnx(name)
+    compiled = program.compile(target="gpu", tune=False, fp16=fp16)
+    inputs = random_inputs(program.input_shapes, seed=11)
+    want = program.run(inputs)
+    compiled.poison()
+    got = compiled.run(inputs)
+    for out, value in want.items():
+        g = np.asarray(got[out], dtype=np.float32)
+        assert not np.isnan(g).any(), f"{name} {out}: {np.isnan(g).sum()} elements left unwritten"
+        assert rel_err(g, value) < (1e-2 if fp16 else 1e-4), f"{name} {out}: {rel_err(g, value)}"
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_zoo_model_on_gpu_target(name: str) -> None:
+    _check(name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not RUN_SLOW, reason="minutes under the interpreter: runs on a GPU or with FUSEGRAPH_SLOW_TESTS=1")
+@pytest.mark.parametrize("name", SLOW)
+def test_zoo_model_on_gpu_target_slow(name: str) -> None:
+    _check(name)
+
+
+def test_yolov5s_fp16_on_gpu_target() -> None:
+    _check("yolov5s-160", fp16=True)
