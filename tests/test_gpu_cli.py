@@ -1,0 +1,48 @@
+"""The command line of the gpu target: compile --kernels, verify --target gpu, perf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import helper
+
+from fusegraph.driver.cli import main
+from tests.helpers import make_model, rand
+
+GPU = Path("/dev/nvidiactl").exists()
+
+
+def _model(tmp_path: Path) -> str:
+    m = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                    helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])],
+                   {"x": [1, 16, 6, 6]}, ["y"], {"w": rand(8, 16, 3, 3, seed=1, scale=0.2), "b": rand(8, seed=2)})
+    path = tmp_path / "conv_silu.onnx"
+    onnx.save(m, str(path))
+    return str(path)
+
+
+def test_compile_prints_every_kernel(capsys):
+    assert main(["compile", "yolov5s-160", "--kernels"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("@triton.jit") == 57
+    assert "def k0_conv_add_sigmoid_mul(" in out
+    assert "57 fused kernels" in out
+
+
+def test_verify_gpu_target_passes(tmp_path, capsys):
+    assert main(["verify", _model(tmp_path), "--target", "gpu", "--no-tune"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu target (fp32, 1 kernels" in out and out.strip().endswith("PASS")
+
+
+def test_verify_gpu_target_fp16(tmp_path, capsys):
+    assert main(["verify", _model(tmp_path), "--target", "gpu", "--fp16", "--no-tune"]) == 0
+    assert "tolerance 1e-02" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(GPU, reason="checks the message given without a GPU")
+def test_perf_without_gpu_says_so(tmp_path, capsys):
+    assert main(["perf", _model(tmp_path), "--no-tune"]) == 2
+    assert "perf needs a GPU" in capsys.readouterr().err
