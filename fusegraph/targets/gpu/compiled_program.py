@@ -253,30 +253,27 @@ class CompiledProgram:
             with torch.cuda.graph(graph):
                 for _ in range(repeats):
                     k.launch(args)
-            samples = []
-            for _ in range(iterations):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                graph.replay()
-                e.record()
-                e.synchronize()
-                samples.append(s.elapsed_time(e) / repeats)
-            out.append(float(np.median(samples)))
+            out.append(float(np.median(_event_times(graph.replay, iterations))) / repeats)
         return out
 
     def time_runs(self, iterations: int = 100) -> list[float]:
         """Milliseconds of each of `iterations` graph replays (GPU time, events around each)."""
-        import torch
+        return _event_times(self.replay, iterations)
 
-        out = []
-        for _ in range(iterations):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            self.replay()
-            e.record()
-            e.synchronize()
-            out.append(s.elapsed_time(e))
-        return out
+
+def _event_times(fn: Callable[[], None], iterations: int) -> list[float]:
+    """Milliseconds of GPU time of each of `iterations` calls of `fn`, events around each."""
+    import torch
+
+    out = []
+    for _ in range(iterations):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        out.append(s.elapsed_time(e))
+    return out
 
 
 def progress_printer(stream: Any = None) -> Callable[[str, int, int], None]:
