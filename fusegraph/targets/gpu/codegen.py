@@ -69,7 +69,10 @@ def program_kernels(program: Any, allow_tf32: bool = False, interpret: bool = Fa
     """The kernels of a fused program, generated without loading them (for printing)."""
     from fusegraph.targets.gpu.memory_plan import plan_memory
 
+    from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
+
     plan = plan_memory(program.main)
+    choose_weight_layouts(program.main, plan)
     out = []
     for pos, ins in enumerate(i for i in program.main if i.op.name == "fused"):
         out.append(generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret))
@@ -78,10 +81,14 @@ def program_kernels(program: Any, allow_tf32: bool = False, interpret: bool = Fa
 
 def kernel_inputs(fused: Instruction, plan: Any) -> KernelInputs:
     """Inputs of `fused` as its kernel sees them; views of one buffer share a pointer."""
+    from fusegraph.targets.gpu.weight_layout import strided_shape
+
     first: dict[int, int] = {}
     names = []
+    shapes = []
     for k, x in enumerate(fused.inputs):
         b = plan.of[id(x)]
         first.setdefault(b.id, k)
         names.append(f"x{first[b.id]}")
-    return KernelInputs([x.shape for x in fused.inputs], names)
+        shapes.append(strided_shape(x.shape, b.perm) if x.op.name == "@literal" else x.shape)
+    return KernelInputs(shapes, names)

@@ -93,7 +93,7 @@ class CompiledProgram:
             dt = torch_dtype(b.shape.dtype)
             n = max(1, b.shape.elements)
             if b.kind == "literal":
-                value = np.ascontiguousarray(ins.op.value)
+                value = np.ascontiguousarray(ins.op.value if b.perm is None else np.transpose(ins.op.value, b.perm))
                 self._tensors[b.id] = torch.from_numpy(value.reshape(-1).copy()).to(device)
             elif b.kind == "arena":
                 self._tensors[b.id] = arena[b.offset:b.offset + n * b.shape.dtype.itemsize].view(dt)

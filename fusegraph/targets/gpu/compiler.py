@@ -16,6 +16,7 @@ from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 from fusegraph.ir.shape import Shape
 from fusegraph.targets.gpu.memory_plan import Buffer, plan_memory, stored_buffer_input
 from fusegraph.targets.gpu.templates.gemm import workspace_elements
+from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
 from fusegraph.targets.gpu.parallel_compile import compile_all
 
 DEFAULT_TUNE_CONFIGS = 4  # candidates per kernel unless exhaustive
@@ -54,6 +55,7 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     if not is_fused(p):
         fuse(p)
     plan = plan_memory(p.main)
+    choose_weight_layouts(p.main, plan)
     fused = [i for i in p.main if i.op.name == "fused"]
     sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
     # split-k scratch, shared by every kernel (they run one after another and leave it zeroed)

@@ -31,6 +31,7 @@ class Buffer:
     start: int = 0
     end: int = 0
     offset: int = -1  # in the arena, bytes
+    perm: tuple[int, ...] | None = None  # a literal stored with its dims in this order (weight_layout.py)
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,58 @@
+"""Physical layouts of convolution weights, chosen for the kernels that read them.
+
+A weight tensor is a literal, uploaded once, so its bytes can be stored in any order: kernels
+address every buffer through strides. A KxK convolution's GEMM reads a tile of weights
+[channels, output channels] for one tap at a time; in ONNX's [M, C, kh, kw] order consecutive
+output channels are C*kh*kw elements apart and consecutive channels kh*kw apart, so no dimension
+of the tile is contiguous and every 2-byte weight costs a 32-byte memory sector. Stored as
+[kh, kw, C, M], output channels are contiguous and the tile loads coalesce.
+"""
+
+from __future__ import annotations
+
+from fusegraph.ir.program import Module
+from fusegraph.ir.shape import Shape, standard_strides
+from fusegraph.targets.gpu.memory_plan import MemoryPlan
+
+TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
+
+
+def choose_weight_layouts(main: Module, plan: MemoryPlan) -> None:
+    """Give each literal that only 2-d convolutions read as plain weights the tap-major layout."""
+    from fusegraph.targets.gpu.codegen import find_anchor
+    from fusegraph.targets.gpu.templates.gemm import tap_major
+
+    wanted: dict[int, bool] = {}
+    for ins in main:
+        for k, x in enumerate(ins.inputs):
+            b = plan.of.get(id(x))
+            if b is None or b.kind != "literal" or x.op.name != "@literal":
+                continue
+            ok = False
+            if ins.op.name == "fused":
+                anchor = find_anchor(ins)
+                param = list(ins.op.module.params.values())[k]
+                ok = (anchor is not None and anchor.op.name == "convolution" and x.shape.ndim == 4
+                      and x.shape.lens[2] * x.shape.lens[3] > 1 and tap_major(anchor)
+                      and _only_plain_weight_reads(ins.op.module, param, anchor))
+            wanted[b.id] = wanted.get(b.id, True) and ok
+    for b in plan.buffers:
+        if wanted.get(b.id):
+            b.perm = TAP_MAJOR
+
+
+def _only_plain_weight_reads(module: Module, param: object, anchor: object) -> bool:
+    readers = [i for i in module if param in i.inputs]
+    return (len(readers) == 1 and readers[0].op.name == "load" and readers[0] is anchor.inputs[1]  # type: ignore[attr-defined]
+            and readers[0].op.attrs["map"].is_identity() and not readers[0].op.attrs["domain"])
+
+
+def strided_shape(shape: Shape, perm: tuple[int, ...] | None) -> Shape:
+    """`shape` as stored in `perm` order: the same lens, the strides of the permuted layout."""
+    if perm is None:
+        return shape
+    physical = standard_strides([shape.lens[p] for p in perm])
+    strides = [0] * shape.ndim
+    for j, p in enumerate(perm):
+        strides[p] = physical[j]
+    return Shape.of(shape.dtype, shape.lens, strides)
