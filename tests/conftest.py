@@ -6,7 +6,8 @@ so it is set here, before any test module can import torch or triton.
 """
 
 import os
-from pathlib import Path
 
-if not Path("/dev/nvidiactl").exists() and "TRITON_INTERPRET" not in os.environ:
+from tests.helpers import has_gpu
+
+if not has_gpu() and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"

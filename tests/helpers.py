@@ -23,6 +23,14 @@ def make_model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, Sequence[int]]
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
+def has_gpu() -> bool:
+    """Whether an NVIDIA GPU is visible, decided without importing torch or triton."""
+    import shutil
+    from pathlib import Path
+
+    return Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+
+
 def rand(*shape: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 

@@ -9,9 +9,9 @@ import pytest
 from onnx import helper
 
 from fusegraph.driver.cli import main
-from tests.helpers import make_model, rand
+from tests.helpers import has_gpu, make_model, rand
 
-GPU = Path("/dev/nvidiactl").exists()
+GPU = has_gpu()
 
 
 def _model(tmp_path: Path) -> str:

@@ -9,17 +9,16 @@ poisoned with NaN first, so an element no kernel writes fails the test.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fusegraph import parse_onnx
 from fusegraph.driver.inputs import random_inputs
-from tests.helpers import rel_err
+from tests.helpers import has_gpu, rel_err
 
 # fast enough under the interpreter for every CI run; the rest on a GPU or with FUSEGRAPH_SLOW_TESTS=1
-RUN_SLOW = Path("/dev/nvidiactl").exists() or os.environ.get("FUSEGRAPH_SLOW_TESTS") == "1"
+RUN_SLOW = has_gpu() or os.environ.get("FUSEGRAPH_SLOW_TESTS") == "1"
 QUICK = ["yolov5s-160"]
 SLOW = ["yolov5s-bn-160", "light_squeezenet", "light_inception_v1", "light_shufflenet", "light_resnet50", "light_densenet121", "light_bvlc_alexnet",
         "light_zfnet512", "light_vgg19", "light_inception_v2"]
