@@ -30,12 +30,13 @@ for s in $steps; do
     gpu_tests) step gpu_tests timeout 300 $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py ;;
     verify_fp32) step verify_fp32 timeout 300 $py -m fusegraph.driver.cli verify yolov5s --target gpu ;;
     verify_fp16) step verify_fp16 timeout 60 $py -m fusegraph.driver.cli verify yolov5s --target gpu --fp16 ;;
-    perf_fp16) step perf_fp16 timeout 110 $py -m fusegraph.driver.cli perf yolov5s --fp16 --trace "$out/yolov5s_fp16_trace.json" ;;
+    perf_fp16) step perf_fp16 timeout 70 $py -m fusegraph.driver.cli perf yolov5s --fp16 --trace "$out/yolov5s_fp16_trace.json" ;;
     perf_fp16_cached) step perf_fp16_cached timeout 40 $py -m fusegraph.driver.cli perf yolov5s --fp16 ;;
     head_bench) step head_bench timeout 130 $py bench/head.py ;;
     yolov5s_b1) step yolov5s_b1 timeout 130 $py bench/yolov5s.py --batch 1 ;;
     yolov5s_b32) step yolov5s_b32 timeout 150 $py bench/yolov5s.py --batch 32 --quick ;;
-    node_tests) step node_tests timeout 200 $py -m pytest -q -p no:cacheprovider -n 12 tests/test_conformance_gpu.py ;;
+    node_tests) step node_tests timeout 200 $py -m pytest -q -p no:cacheprovider -n 15 -rfE -m "not slow" tests/test_conformance_gpu.py ;;
+    kernel_tests) step kernel_tests timeout 120 $py -m pytest -q -p no:cacheprovider -n 15 tests/test_gpu_kernels.py tests/test_gpu_zoo.py tests/test_gpu_cli.py ;;
     *) echo "unknown step $s" ;;
   esac
 done

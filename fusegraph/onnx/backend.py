@@ -115,6 +115,8 @@ class FusegraphBackend(Backend):
 
     #: run the fused program (after the whole pass pipeline) instead of the imported one
     fused = False
+    #: the rep class, so that a backend for another target only changes how a program is made
+    rep_class: type[FusegraphRep] = FusegraphRep
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
@@ -134,7 +136,7 @@ class FusegraphBackend(Backend):
     @classmethod
     def _rep(cls, model: onnx.ModelProto, input_dims: Mapping[str, Sequence[int]] | None = None) -> FusegraphRep:
         """A rep with its first program parsed, so that what fusegraph declines surfaces now."""
-        rep = FusegraphRep(model, fused=cls.fused)
+        rep = cls.rep_class(model, fused=cls.fused)
         try:
             rep.specialize(rep.declared_dims(input_dims))
         except DynamicValueError as e:
@@ -189,3 +191,41 @@ class FusedFusegraphBackend(FusegraphBackend):
     """The same backend running fused programs: the conformance suite then checks the passes."""
 
     fused = True
+
+
+class GpuFusegraphRep(FusegraphRep):
+    """A rep whose specializations are compiled for the gpu target (one CompiledProgram each).
+
+    A CompiledProgram answers `input_shapes` and `run` as a Program does, so the specialization
+    logic of `FusegraphRep` applies unchanged. Each run first fills every intermediate and
+    output buffer with NaN (`poison`): an element no kernel writes then differs from the
+    expected output instead of passing with a stale value left by an earlier run.
+    """
+
+    def _parse(self, model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]) -> Any:
+        program = parse_onnx(model, input_dims=dims)
+        return program.compile(target="gpu", tune=False)
+
+    def program_for(self, feeds: Mapping[str, np.ndarray]) -> Any:
+        compiled = super().program_for(feeds)
+        compiled.poison()
+        return compiled
+
+
+class GpuFusegraphBackend(FusegraphBackend):
+    """The backend running the gpu target's kernels: on a CUDA GPU when one is present,
+    otherwise under Triton's interpreter on the CPU (the target decides, not the device name).
+
+    `compile` runs the whole pass pipeline itself. Kernels are not autotuned: each runs with its
+    default config, which is what matters for correctness and keeps a case's compile time to code
+    generation. A fused group without a GPU template raises `CodegenError` from `prepare`.
+    """
+
+    rep_class = GpuFusegraphRep
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        try:
+            return Device(device).type in (DeviceType.CPU, DeviceType.CUDA)
+        except AttributeError:
+            return False

@@ -58,10 +58,11 @@ class PointwiseOp(Op):
 
     def scalar(self, *operands: str) -> str:
         """The op applied to operand source texts, as a Triton expression."""
-        return self.template.format(*operands, **{k: _lit(v) for k, v in self.attrs.items()})
+        return self.template.format(*operands, **{k: literal(v) for k, v in self.attrs.items()})
 
 
-def _lit(v: Any) -> str:
+def literal(v: Any) -> str:
+    """A Python/Triton source literal for an attribute value (infinities as `float('inf')`)."""
     if isinstance(v, float):
         if math.isinf(v):
             return "float('inf')" if v > 0 else "float('-inf')"
@@ -153,7 +154,7 @@ _define("softplus", 1, lambda a: np.logaddexp(a.dtype.type(0), a),
 _define("softsign", 1, lambda a: a / (a.dtype.type(1) + np.abs(a)), "({0} / (1.0 + tl.abs({0})))")
 _define("isnan", 1, np.isnan, "({0} != {0})", True)
 # ONNX Mod: the remainder takes the divisor's sign (integers only); Fmod takes the dividend's (C fmod)
-_define("mod", 2, np.mod, "((({0} % {1}) + {1}) % {1})")
+_define("mod", 2, np.mod, "tl.where((({0} % {1}) != 0) & ((({0} % {1}) < 0) != ({1} < 0)), ({0} % {1}) + {1}, {0} % {1})")
 _define("fmod", 2, np.fmod, "({0} % {1})")
 
 

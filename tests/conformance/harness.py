@@ -8,8 +8,9 @@ than writing and re-reading 1,900 directories would), and the *light* models are
 (`Runner.generate_dummy_data`) that onnx's runner feeds them. Outputs are compared with
 `Runner.assert_similar_outputs` and each case's own rtol/atol, exactly as onnx's runner does.
 
-The same `run_case` drives fusegraph (tests/test_conformance.py) and ONNX Runtime
-(tools/conformance_report.py), so the two are judged by one rule.
+The same `run_case` drives fusegraph's reference target (tests/test_conformance.py), its gpu
+target (tests/test_conformance_gpu.py) and ONNX Runtime (tools/conformance_report.py), so all
+are judged by one rule.
 """
 
 from __future__ import annotations
@@ -168,6 +169,18 @@ def run_fusegraph(case: Case, fused: bool = False) -> Outcome:
     return run_case(case, FusedFusegraphBackend if fused else FusegraphBackend, FUSEGRAPH_UNSUPPORTED)
 
 
+def run_gpu(case: Case) -> Outcome:
+    """The case on the gpu target (fused, one kernel per group, default configs).
+
+    A group without a GPU template (`CodegenError`) skips like an unsupported op does; the
+    outcome's `error` tells the two apart, so that what the GPU target lacks is counted on its own.
+    """
+    from fusegraph.onnx.backend import GpuFusegraphBackend
+    from fusegraph.targets.gpu.kernel_writer import CodegenError
+
+    return run_case(case, GpuFusegraphBackend, FUSEGRAPH_UNSUPPORTED + (CodegenError,))
+
+
 class _OnnxRuntimeBackend:
     """`onnxruntime.backend`, retried with the model's IR version lowered to the newest ORT reads.
 
@@ -211,16 +224,20 @@ def op_table(outcomes: Iterable[tuple[Case, str]]) -> dict[str, Counter[str]]:
 
 
 def format_table(table: Mapping[str, Counter[str]], extra: Mapping[str, Counter[str]] | None = None,
-                 extra_columns: Sequence[str] = ()) -> str:
-    """The per-op table with a totals row; `extra` adds columns (e.g. ONNX Runtime's passes)."""
-    cols = list(COLUMNS) + list(extra_columns)
+                 extra_columns: Sequence[str] = (), columns: Sequence[str] = COLUMNS) -> str:
+    """The per-op table with a totals row; `extra` adds columns (e.g. ONNX Runtime's passes).
+
+    `columns` names the table's own columns (the gpu target adds "no-template" to COLUMNS).
+    """
+    cols = list(columns) + list(extra_columns)
     width = max([len("op"), len("TOTAL")] + [len(op) for op in table])
-    lines = [f"{'op':<{width}} " + " ".join(f"{c:>8}" for c in cols)]
+    cell = max([8] + [len(c) for c in cols])
+    lines = [f"{'op':<{width}} " + " ".join(f"{c:>{cell}}" for c in cols)]
     totals: Counter[str] = Counter()
 
     def row(name: str, counts: Counter[str], more: Counter[str]) -> str:
-        values = [counts[c] for c in COLUMNS] + [more[c] for c in extra_columns]
-        return f"{name:<{width}} " + " ".join(f"{v:>8}" for v in values)
+        values = [counts[c] for c in columns] + [more[c] for c in extra_columns]
+        return f"{name:<{width}} " + " ".join(f"{v:>{cell}}" for v in values)
 
     for op, counts in table.items():
         more = (extra or {}).get(op, Counter())

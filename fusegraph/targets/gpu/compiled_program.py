@@ -37,6 +37,26 @@ def use_interpreter_without_gpu() -> bool:
     return True
 
 
+def host_to_torch(arr: np.ndarray) -> Any:
+    """A CPU tensor of `arr`; bfloat16 (which NumPy lacks) goes through its 16-bit pattern."""
+    import torch
+
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype == DType.bfloat16.numpy:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def torch_to_host(t: Any) -> np.ndarray:
+    """A NumPy copy of tensor `t` (bfloat16 as ml_dtypes' bfloat16)."""
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(DType.bfloat16.numpy).copy()
+    return t.numpy().copy()
+
+
 def torch_dtype(d: DType) -> Any:
     import torch
 
@@ -94,7 +114,7 @@ class CompiledProgram:
             n = max(1, b.shape.elements)
             if b.kind == "literal":
                 value = np.ascontiguousarray(ins.op.value if b.perm is None else np.transpose(ins.op.value, b.perm))
-                self._tensors[b.id] = torch.from_numpy(value.reshape(-1).copy()).to(device)
+                self._tensors[b.id] = host_to_torch(value.reshape(-1).copy()).to(device)
             elif b.kind == "arena":
                 self._tensors[b.id] = arena[b.offset:b.offset + n * b.shape.dtype.itemsize].view(dt)
             elif b.kind == "output":
@@ -139,20 +159,22 @@ class CompiledProgram:
             raise InputError(f"unknown {unknown} / missing {missing} inputs; the program expects: " +
                              ", ".join(f"{k} {list(p.shape.lens)} {p.shape.dtype.numpy.name}" for k, p in self._params.items()))
         out: dict[str, Any] = {}
-        host = False
+        host = not any(isinstance(v, torch.Tensor) or hasattr(v, "__dlpack__") and not isinstance(v, np.ndarray)
+                       for v in inputs.values())  # NumPy in (or no inputs): NumPy out
         for name, p in self._params.items():
             v = inputs[name]
             want = torch_dtype(p.shape.dtype)
             if not isinstance(v, (torch.Tensor, np.ndarray)) and hasattr(v, "__dlpack__"):
                 v = torch.from_dlpack(v)  # CuPy, JAX, ... arrays: shared, not copied
             if not isinstance(v, torch.Tensor):
-                host = True
                 arr = np.asarray(v)
                 if arr.dtype != p.shape.dtype.numpy and not (arr.dtype.kind == "f" and p.shape.dtype.is_float):
                     raise InputError(f"input {name!r} has dtype {arr.dtype.name}, expected {p.shape.dtype.numpy.name}")
-                v = torch.from_numpy(np.ascontiguousarray(arr))
+                if tuple(arr.shape) != p.shape.lens:
+                    raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected {list(p.shape.lens)}")
                 staging = self._staging(name, p, want)
-                staging.copy_(v.reshape(-1).to(want))
+                if arr.size:
+                    staging[:arr.size].copy_(host_to_torch(arr.astype(p.shape.dtype.numpy, copy=False)).reshape(-1))
                 v = staging
             else:
                 if tuple(v.shape) != p.shape.lens:
@@ -234,7 +256,7 @@ class CompiledProgram:
         self.replay()
         outs = self.outputs()
         if host:
-            return {k: v.detach().cpu().numpy().copy() for k, v in outs.items()}
+            return {k: torch_to_host(v) for k, v in outs.items()}
         return outs
 
     # -- timing ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from fusegraph.targets.gpu.memory_plan import Buffer, plan_memory, stored_buffer
 from fusegraph.targets.gpu.templates.gemm import workspace_elements
 from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
 from fusegraph.targets.gpu.parallel_compile import compile_all
+from fusegraph.targets.gpu.returned_views import copy_returned_views
 
 DEFAULT_TUNE_CONFIGS = 4  # candidates per kernel unless exhaustive
 
@@ -54,6 +55,7 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
         ToHalf(DType.bfloat16 if bf16 else DType.float16).apply(p.main)
     if not is_fused(p):
         fuse(p)
+    copy_returned_views(p.main)
     plan = plan_memory(p.main)
     choose_weight_layouts(p.main, plan)
     fused = [i for i in p.main if i.op.name == "fused"]

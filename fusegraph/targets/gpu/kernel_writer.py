@@ -202,6 +202,9 @@ class KernelWriter:
             code = f"({operands[0]} // {operands[1]})"
         elif op.name in ("relu",) and first.is_integer:
             code = f"tl.maximum({operands[0]}, 0)"
+        elif op.name == "pow" and first.is_integer:  # libdevice's pow is for floats: exact in float64
+            code = (f"libdevice.pow({operands[0]}.to(tl.float64), {operands[1]}.to(tl.float64))"
+                    f".to({TRITON_TYPES[out]})")
         else:
             code = op.scalar(*operands)
         return self.let(code)

@@ -132,7 +132,8 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     w.emit("pid_k = tl.program_id(2) % SPLIT")
     w.emit("rm = pid_m * BM + tl.arange(0, BM)")
     w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
-    w.emit("acc = tl.zeros([BM, BN], dtype=tl.float32)")
+    acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
+    w.emit(f"acc = tl.zeros([BM, BN], dtype={acc_t})")
     w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
     w.indent += 1
     if spec.taps:  # chunks never straddle taps: BK divides the channels
@@ -161,6 +162,8 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
         av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
     bv = w.value(b_in, tb, spec.b_index)
+    if not spec.taps:  # lanes past k must add nothing, also where an operand's index ignores k
+        av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
     operand = TRITON_TYPES[dtype]
     if interpret and dtype == DType.bfloat16:
         operand = "tl.float32"  # the interpreter's bf16 dot is wrong
@@ -176,6 +179,8 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     args = w.arg_list() + ["ws", "cnt"]
     body = signature(name, args, ["BM", "BN", "BK", "SPLIT"]) + "\n" + "\n".join(w.lines) + "\n"
     configs = _configs(spec)
+    if dtype == DType.float64:  # the split-k workspace is float32
+        configs = [c for c in configs if c["SPLIT"] == 1]
     m, n, batch = spec.m, spec.n, spec.batch
     n_grid: tuple[int, str | None, str | None] = (n, "BN", None)
     if period:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fusegraph.ir.index_expr import Expr, bounds
 from fusegraph.ir.program import Instruction
+from fusegraph.ops.pointwise import literal
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelWriter, Tile, var
 
 
@@ -61,7 +62,7 @@ def emit_pad(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str
         for d in range(r):
             conds += _in_range(tile, src[d], 0, X[d])
         v = w.value(x, tile, tuple(src), tuple(conds))
-        return w.let(f"tl.where({' & '.join(conds)}, {v}, {a['value']})") if conds else v
+        return w.let(f"tl.where({' & '.join(conds)}, {v}, {literal(a['value'])})") if conds else v
     if any(p < 0 for p in pads):
         raise CodegenError(f"pad mode {a['mode']} with negative pads has no GPU template")
     cur = tile

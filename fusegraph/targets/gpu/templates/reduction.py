@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Const, Expr
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
@@ -61,6 +62,8 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
         return results["out"]
 
     w = KernelWriter(module, inputs, {id(anchor): acc_value})
+    # float64 data, and integers (exact below 2**53), accumulate in float64; the rest in float32
+    acc_t = "tl.float32" if x.shape.dtype in (DType.float32, DType.float16, DType.bfloat16, DType.bool) else "tl.float64"
     w.emit("ro = tl.program_id(0) * BO + tl.arange(0, BO)")
     row_bound = f"(ro[:, None] < {O})" if O > 1 else None
 
@@ -74,10 +77,10 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
         return tile, mask
 
     def load_x(tile: Tile) -> str:
-        return w.value(x, tile, full_index)
+        return w.let(f"{w.value(x, tile, full_index)}.to({acc_t})")
 
     if opname in ("reduce_sum", "reduce_mean"):
-        acc = w.let("tl.zeros([BO, BR], tl.float32)", "lane")
+        acc = w.let(f"tl.zeros([BO, BR], {acc_t})", "lane")
         tile, mask = chunk()
         w.emit(f"{acc} += tl.where({mask}, {load_x(tile)}, 0.0)")
         w.indent -= 1
@@ -86,13 +89,13 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     elif opname in ("reduce_max", "reduce_min"):
         big = "float('-inf')" if opname == "reduce_max" else "float('inf')"
         fn = "maximum" if opname == "reduce_max" else "minimum"
-        acc = w.let(f"tl.full([BO, BR], {big}, tl.float32)", "lane")
+        acc = w.let(f"tl.full([BO, BR], {big}, {acc_t})", "lane")
         tile, mask = chunk()
-        w.emit(f"{acc} = tl.{fn}({acc}, tl.where({mask}, {load_x(tile)}.to(tl.float32), {big}))")
+        w.emit(f"{acc} = tl.{fn}({acc}, tl.where({mask}, {load_x(tile)}, {big}))")
         w.indent -= 1
         results["out"] = w.let(f"tl.{fn[:3]}({acc}, 1)")
     elif opname == "reduce_prod":
-        acc = w.let("tl.full([BO, BR], 1.0, tl.float32)", "lane")
+        acc = w.let(f"tl.full([BO, BR], 1.0, {acc_t})", "lane")
         tile, mask = chunk()
         w.emit(f"{acc} *= tl.where({mask}, {load_x(tile)}, 1.0)")
         w.indent -= 1
@@ -103,10 +106,10 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
         better = ">" if a["largest"] else "<"
         if a["select_last_index"]:
             better += "="
-        best = w.let(f"tl.full([BO, BR], {big}, tl.float32)", "lane")
+        best = w.let(f"tl.full([BO, BR], {big}, {acc_t})", "lane")
         where = w.let(f"tl.full([BO, BR], {R}, tl.int64)", "lane")
         tile, mask = chunk()
-        v = w.let(f"{load_x(tile)}.to(tl.float32)")
+        v = w.let(f"{load_x(tile)}")
         take = w.let(f"({v} {better} {best}) & {mask}")
         w.emit(f"{best} = tl.where({take}, {v}, {best})")
         w.emit(f"{where} = tl.where({take}, rr[None, :].to(tl.int64) + 0 * {where}, {where})")
@@ -116,13 +119,13 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
         fill = "-1" if a["select_last_index"] else str(R)
         results["out"] = w.let(f"tl.{pick}(tl.where({best} == {top}[:, None], {where}, {fill}), 1)")
     elif opname == "softmax":
-        mx = w.let("tl.full([BO, BR], float('-inf'), tl.float32)", "lane")
+        mx = w.let(f"tl.full([BO, BR], float('-inf'), {acc_t})", "lane")
         tile, mask = chunk()
         w.emit(f"{mx} = tl.maximum({mx}, tl.where({mask}, {load_x(tile)}, float('-inf')))")
         w.indent -= 1
         m = w.let(f"tl.max({mx}, 1)")
         w.emit(f"{m} = tl.where({m} == float('-inf'), 0.0, {m})")
-        sm = w.let("tl.zeros([BO, BR], tl.float32)", "lane")
+        sm = w.let(f"tl.zeros([BO, BR], {acc_t})", "lane")
         tile, mask = chunk()
         w.emit(f"{sm} += tl.where({mask}, tl.exp({load_x(tile)} - {m}[:, None]), 0.0)")
         w.indent -= 1
@@ -136,12 +139,12 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
         _store_full(w, module, tile, full_index)
         w.indent -= 1
     elif opname == "layernorm":
-        sm = w.let("tl.zeros([BO, BR], tl.float32)", "lane")
+        sm = w.let(f"tl.zeros([BO, BR], {acc_t})", "lane")
         tile, mask = chunk()
         w.emit(f"{sm} += tl.where({mask}, {load_x(tile)}, 0.0)")
         w.indent -= 1
         mean = w.let(f"tl.sum({sm}, 1) / {R}.0")
-        sq = w.let("tl.zeros([BO, BR], tl.float32)", "lane")
+        sq = w.let(f"tl.zeros([BO, BR], {acc_t})", "lane")
         tile, mask = chunk()
         d = w.let(f"{load_x(tile)} - {mean}[:, None]")
         w.emit(f"{sq} += tl.where({mask}, {d} * {d}, 0.0)")
