@@ -150,3 +150,9 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
 
 def selected(name: str, only: str | None) -> bool:
     return only is None or name in {s.strip() for s in only.split(",")}
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as one table cell: its type and the first line of its message."""
+    text = str(e)
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

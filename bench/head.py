@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph
-from bench.common import Check, add_common_args, check, compile_fusegraph, exact_fp32, selected
+from bench.common import Check, add_common_args, check, compile_fusegraph, exact_fp32, first_line, selected
 from bench.timing import (Table, Timing, capture_graph, copy_bandwidth, count_kernels, fmt_us, is_cuda, l2_bytes,
                           time_calls, time_gpu, write_results)
 
@@ -191,7 +191,7 @@ def run_level(level: Level, args: argparse.Namespace, device: torch.device, dtyp
             try:
                 time_contender(lambda: compiled(x, w, b), args, device, ref, r)
             except Exception as e:  # a compiler failure is a result, not a crash
-                r.note = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                r.note = f"failed: {first_line(e)}"
         results.append(r)
 
     if selected("gemm", args.only):
@@ -240,7 +240,7 @@ def run_fusegraph(level: Level, w_np: np.ndarray, b_np: np.ndarray, x: torch.Ten
         import traceback
 
         traceback.print_exc()
-        r.note = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        r.note = f"failed: {first_line(e)}"
     return r
 
 

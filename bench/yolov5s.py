@@ -32,7 +32,7 @@ if __package__ in (None, ""):
 import torch
 
 import fusegraph
-from bench.common import Check, add_common_args, check, compile_fusegraph, exact_fp32, selected
+from bench.common import Check, add_common_args, check, compile_fusegraph, exact_fp32, first_line, selected
 from bench.timing import (Table, Timing, capture_graph, count_kernels, fmt_us, is_cuda, synchronize, time_calls,
                           time_gpu, write_results)
 from bench.torch_reference import build_module
@@ -52,11 +52,6 @@ class Result:
     timing: Timing | None = None
     setup_s: float | None = None
     note: str = ""
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e)
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 class Bench:
@@ -171,7 +166,7 @@ def run_compile(b: Bench, mode: str) -> Result:
             b.dynamo_note = (f"dynamo sees {explained.graph_count} graph(s), {explained.graph_break_count} break(s), "
                              f"{explained.op_count} ops")
         except Exception as e:  # the explanation is informative only
-            b.dynamo_note = f"dynamo explain failed: {_first_line(e)}"
+            b.dynamo_note = f"dynamo explain failed: {first_line(e)}"
     torch._dynamo.reset()
     compiled = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
     fn = lambda: compiled(x)[0]  # noqa: E731
@@ -191,7 +186,7 @@ def run_compile(b: Bench, mode: str) -> Result:
         r.kernels = kc.text() if kc else "?"
         r.timing = time_calls(fn, iters=b.call_iters, warmup=b.warmup, batch=b.call_batch, device=b.device)
     except Exception as e:  # a compiler failure is a result, not a crash
-        r.note = f"failed: {_first_line(e)}"
+        r.note = f"failed: {first_line(e)}"
     return r
 
 
@@ -226,7 +221,7 @@ def run_fusegraph(b: Bench) -> Result:
         import traceback
 
         traceback.print_exc()
-        r.note = f"failed: {_first_line(e)}"
+        r.note = f"failed: {first_line(e)}"
     return r
 
 

@@ -108,7 +108,6 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
 def _verify_gpu(args: argparse.Namespace) -> int:
     """The gpu target against the (unfused, fp32) reference target on the same inputs."""
     from fusegraph.driver.inputs import load_inputs
-    from fusegraph.driver.verify import compare
 
     program = _load(args)
     compiled = program.compile(target="gpu", **_gpu_options(args))
@@ -121,9 +120,16 @@ def _verify_gpu(args: argparse.Namespace) -> int:
     mode = "fp16" if args.fp16 else "bf16" if args.bf16 else ("fp32, tf32 products" if args.allow_tf32 else "fp32")
     where = "Triton interpreter (CPU)" if compiled.interpreted else "GPU"
     print(f"fusegraph gpu target ({mode}, {compiled.kernel_count} kernels, {where}) vs ref target, seed {args.seed}:")
+    return _report({k: np.asarray(got[k]).astype(v.dtype) for k, v in want.items()}, want, tolerance)
+
+
+def _report(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray], tolerance: float) -> int:
+    """One comparison line per output, then PASS or FAIL; the exit code of `verify`."""
+    from fusegraph.driver.verify import compare
+
     ok = True
-    for name, value in want.items():
-        c = compare(name, np.asarray(got[name]).astype(value.dtype), value, tolerance)
+    for name, value in ours.items():
+        c = compare(name, value, reference[name], tolerance)
         print("  " + c.line())
         ok &= c.passed
     print("PASS" if ok else "FAIL")
@@ -150,7 +156,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from fusegraph.driver.inputs import load_inputs
-    from fusegraph.driver.verify import compare, run_onnxruntime
+    from fusegraph.driver.verify import run_onnxruntime
     from fusegraph.onnx.loader import load_model
 
     if args.target == "gpu":
@@ -167,13 +173,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ours = program.run(inputs)
     theirs = run_onnxruntime(model.SerializeToString(), inputs)
     print(f"fusegraph ({label}) vs ONNX Runtime (CPU), seed {args.seed}:")
-    ok = True
-    for name, value in ours.items():
-        c = compare(name, value, theirs[name], args.tolerance)
-        print("  " + c.line())
-        ok &= c.passed
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    return _report(ours, theirs, args.tolerance)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

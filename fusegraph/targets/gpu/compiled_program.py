@@ -205,9 +205,11 @@ class CompiledProgram:
 
     def bind(self, inputs: Mapping[str, Any]) -> None:
         """Bind inputs (and capture a graph for their addresses on a GPU) without running."""
+        self._bind(self._inputs(inputs)[0])
+
+    def _bind(self, tensors: dict[str, Any]) -> None:
         import torch
 
-        tensors, _ = self._inputs(inputs)
         self._bound_inputs = tensors
         if self.interpreted:
             return
@@ -251,8 +253,8 @@ class CompiledProgram:
         """Run once. NumPy inputs give NumPy outputs (copies); torch tensors (or any DLPack
         array) on the device are read in place and give device tensors that stay valid until
         the next run (`torch.utils.dlpack` hands them to other frameworks without a copy)."""
-        _, host = self._inputs(inputs)
-        self.bind(inputs)
+        tensors, host = self._inputs(inputs)  # host inputs are copied to the device once, here
+        self._bind(tensors)
         self.replay()
         outs = self.outputs()
         if host:

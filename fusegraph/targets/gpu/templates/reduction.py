@@ -10,6 +10,7 @@ their epilogue inside the last pass, at the full index.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Const, Expr
@@ -79,26 +80,25 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     def load_x(tile: Tile) -> str:
         return w.let(f"{w.value(x, tile, full_index)}.to({acc_t})")
 
-    if opname in ("reduce_sum", "reduce_mean"):
-        acc = w.let(f"tl.zeros([BO, BR], {acc_t})", "lane")
+    def lanes(init: str, update: Callable[[str, str, str], str]) -> str:
+        """A per-lane accumulator over one pass of the row: `update(acc, x, mask)` gives its next value."""
+        acc = w.let(f"tl.full([BO, BR], {init}, {acc_t})", "lane")
         tile, mask = chunk()
-        w.emit(f"{acc} += tl.where({mask}, {load_x(tile)}, 0.0)")
+        w.emit(f"{acc} = {update(acc, load_x(tile), mask)}")
         w.indent -= 1
+        return acc
+
+    if opname in ("reduce_sum", "reduce_mean"):
+        acc = lanes("0.0", lambda a, v, m: f"{a} + tl.where({m}, {v}, 0.0)")
         total = w.let(f"tl.sum({acc}, 1)")
         results["out"] = w.let(f"{total} / {R}.0") if opname == "reduce_mean" else total
     elif opname in ("reduce_max", "reduce_min"):
         big = "float('-inf')" if opname == "reduce_max" else "float('inf')"
         fn = "maximum" if opname == "reduce_max" else "minimum"
-        acc = w.let(f"tl.full([BO, BR], {big}, {acc_t})", "lane")
-        tile, mask = chunk()
-        w.emit(f"{acc} = tl.{fn}({acc}, tl.where({mask}, {load_x(tile)}, {big}))")
-        w.indent -= 1
+        acc = lanes(big, lambda a, v, m: f"tl.{fn}({a}, tl.where({m}, {v}, {big}))")
         results["out"] = w.let(f"tl.{fn[:3]}({acc}, 1)")
     elif opname == "reduce_prod":
-        acc = w.let(f"tl.full([BO, BR], 1.0, {acc_t})", "lane")
-        tile, mask = chunk()
-        w.emit(f"{acc} *= tl.where({mask}, {load_x(tile)}, 1.0)")
-        w.indent -= 1
+        acc = lanes("1.0", lambda a, v, m: f"{a} * tl.where({m}, {v}, 1.0)")
         results["out"] = w.let(f"tl.reduce({acc}, 1, _prod_combine)")
     elif opname == "arg_reduce":
         a = anchor.op.attrs
@@ -109,7 +109,7 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
         best = w.let(f"tl.full([BO, BR], {big}, {acc_t})", "lane")
         where = w.let(f"tl.full([BO, BR], {R}, tl.int64)", "lane")
         tile, mask = chunk()
-        v = w.let(f"{load_x(tile)}")
+        v = load_x(tile)
         take = w.let(f"({v} {better} {best}) & {mask}")
         w.emit(f"{best} = tl.where({take}, {v}, {best})")
         w.emit(f"{where} = tl.where({take}, rr[None, :].to(tl.int64) + 0 * {where}, {where})")
@@ -119,16 +119,10 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
         fill = "-1" if a["select_last_index"] else str(R)
         results["out"] = w.let(f"tl.{pick}(tl.where({best} == {top}[:, None], {where}, {fill}), 1)")
     elif opname == "softmax":
-        mx = w.let(f"tl.full([BO, BR], float('-inf'), {acc_t})", "lane")
-        tile, mask = chunk()
-        w.emit(f"{mx} = tl.maximum({mx}, tl.where({mask}, {load_x(tile)}, float('-inf')))")
-        w.indent -= 1
+        mx = lanes("float('-inf')", lambda a, v, m: f"tl.maximum({a}, tl.where({m}, {v}, float('-inf')))")
         m = w.let(f"tl.max({mx}, 1)")
         w.emit(f"{m} = tl.where({m} == float('-inf'), 0.0, {m})")
-        sm = w.let(f"tl.zeros([BO, BR], {acc_t})", "lane")
-        tile, mask = chunk()
-        w.emit(f"{sm} += tl.where({mask}, tl.exp({load_x(tile)} - {m}[:, None]), 0.0)")
-        w.indent -= 1
+        sm = lanes("0.0", lambda a, v, k: f"{a} + tl.where({k}, tl.exp({v} - {m}[:, None]), 0.0)")
         s = w.let(f"tl.sum({sm}, 1)")
         tile, mask = chunk()
         v = load_x(tile)
@@ -139,16 +133,9 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
         _store_full(w, module, tile, full_index)
         w.indent -= 1
     elif opname == "layernorm":
-        sm = w.let(f"tl.zeros([BO, BR], {acc_t})", "lane")
-        tile, mask = chunk()
-        w.emit(f"{sm} += tl.where({mask}, {load_x(tile)}, 0.0)")
-        w.indent -= 1
+        sm = lanes("0.0", lambda a, v, m: f"{a} + tl.where({m}, {v}, 0.0)")
         mean = w.let(f"tl.sum({sm}, 1) / {R}.0")
-        sq = w.let(f"tl.zeros([BO, BR], {acc_t})", "lane")
-        tile, mask = chunk()
-        d = w.let(f"{load_x(tile)} - {mean}[:, None]")
-        w.emit(f"{sq} += tl.where({mask}, {d} * {d}, 0.0)")
-        w.indent -= 1
+        sq = lanes("0.0", lambda a, v, m: f"{a} + tl.where({m}, ({v} - {mean}[:, None]) * ({v} - {mean}[:, None]), 0.0)")
         rstd = w.let(f"1.0 / tl.sqrt(tl.sum({sq}, 1) / {R}.0 + {anchor.op.attrs['epsilon']})")
         tile, mask = chunk()
         v = load_x(tile)
