@@ -238,3 +238,36 @@ def test_split_k_sums_partials_and_leaves_the_workspace_zeroed():
         assert rel_err(got, program.run({"x": x})["y"]) < TOL
     ws, cnt = (compiled._tensors[b.id] for b in compiled.plan.buffers if b.kind == "scratch")
     assert not ws.any() and not cnt.any()
+
+
+def _conv(x, w, y, pads=1, stride=1):
+    k = 3 if pads else 1
+    return node("Conv", [x, w], [y], kernel_shape=[k, k], pads=[pads] * 4, strides=[stride, stride])
+
+
+def test_feature_maps_between_convolutions_are_channels_last():
+    """conv -> (concat of two convs and a max pool) -> stride-2 conv -> global average pool:
+    every intermediate a convolution touches is stored NHWC, the concat's slices included,
+    and the pool, the channel slices and the reduction read and write through that layout."""
+    ws = {"w0": rand(16, 4, 3, 3, seed=1, scale=0.3), "w1": rand(16, 16, 1, 1, seed=2, scale=0.3),
+          "w2": rand(48, 48, 3, 3, seed=3, scale=0.1)}
+    nodes = [_conv("x", "w0", "a"), node("Relu", ["a"], ["r"]), _conv("r", "w1", "b", pads=0),
+             node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1]),
+             node("Concat", ["r", "b", "p"], ["cat"], axis=1), _conv("cat", "w2", "d", stride=2),
+             node("Sigmoid", ["d"], ["s"]), node("GlobalAveragePool", ["s"], ["y"])]
+    c = check_gpu(make_model(nodes, {"x": [1, 4, 7, 9]}, ["y"], ws))
+    feature_maps = [b for b in c.plan.buffers if b.kind == "arena" and b.shape.ndim == 4]
+    assert feature_maps and all(b.perm == (0, 2, 3, 1) for b in feature_maps)
+    assert all(b.perm is None for b in c.plan.buffers if b.kind == "output")
+
+
+def test_channels_last_feature_map_read_through_a_flattening_reshape():
+    """A matrix product reads a conv's NHWC output flattened in NCHW order (the reshape is
+    folded into its load map), while another conv reads the same buffer as a feature map."""
+    nodes = [_conv("x", "w", "c"), _conv("c", "w2", "y2"), node("Reshape", ["c", "shape"], ["r"]),
+             node("MatMul", ["r", "m"], ["y"])]
+    m = make_model(nodes, {"x": [1, 4, 3, 5]}, ["y", "y2"],
+                   {"w": rand(8, 4, 3, 3, seed=1, scale=0.3), "w2": rand(8, 8, 3, 3, seed=3, scale=0.3),
+                    "shape": np.array([1, 8 * 3 * 5], np.int64), "m": rand(8 * 3 * 5, 6, seed=2, scale=0.1)})
+    c = check_gpu(m)
+    assert [b.perm for b in c.plan.buffers if b.kind == "arena"] == [(0, 2, 3, 1)]

@@ -17,8 +17,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.passes.pipeline import fuse
 from fusegraph.passes.to_half import ToHalf
 from fusegraph.targets.gpu.ahead_of_time import arg_dtypes, compile_many
-from fusegraph.targets.gpu.codegen import generate, kernel_inputs
-from fusegraph.targets.gpu.memory_plan import plan_memory
+from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
 
 H200_SHARED_BYTES = 232448  # 227 KiB per block
 
@@ -27,7 +26,7 @@ def _kernels():
     program = parse_onnx("yolov5s")
     ToHalf(DType.float16).apply(program.main)
     fuse(program)
-    plan = plan_memory(program.main)
+    plan = plan_program(program.main)
     out = []
     for pos, ins in enumerate(i for i in program.main if i.op.name == "fused"):
         src = generate(ins, pos, kernel_inputs(ins, plan))

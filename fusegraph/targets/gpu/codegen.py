@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
+
+from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import CodegenError, KernelInputs
@@ -20,6 +23,7 @@ from fusegraph.targets.gpu.templates.movement import emit_concat, emit_gather, e
 from fusegraph.targets.gpu.templates.reduction import REDUCE_OPS, reduction_kernel
 from fusegraph.targets.gpu.templates.window import emit_lrn, emit_pooling
 
+INLINED_CONSTANT_TYPES = (DType.float16, DType.float32, DType.float64)  # exact as a Python float
 FLAT_ANCHORS = {"pooling": emit_pooling, "lrn": emit_lrn, "concat": emit_concat, "pad": emit_pad, "gather": emit_gather}
 ANCHORS = ("convolution", "dot", *FLAT_ANCHORS, *REDUCE_OPS)
 
@@ -65,14 +69,21 @@ def generate(fused: Instruction, position: int, inputs: KernelInputs, allow_tf32
     return src
 
 
-def program_kernels(program: Any, allow_tf32: bool = False, interpret: bool = False) -> list[KernelSource]:
-    """The kernels of a fused program, generated without loading them (for printing)."""
+def plan_program(main: Any) -> Any:
+    """The memory plan of a fused main module with the physical layouts its kernels read."""
+    from fusegraph.targets.gpu.activation_layout import choose_activation_layouts
     from fusegraph.targets.gpu.memory_plan import plan_memory
-
     from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
 
-    plan = plan_memory(program.main)
-    choose_weight_layouts(program.main, plan)
+    plan = plan_memory(main)
+    choose_weight_layouts(main, plan)
+    choose_activation_layouts(main, plan)
+    return plan
+
+
+def program_kernels(program: Any, allow_tf32: bool = False, interpret: bool = False) -> list[KernelSource]:
+    """The kernels of a fused program, generated without loading them (for printing)."""
+    plan = plan_program(program.main)
     out = []
     for pos, ins in enumerate(i for i in program.main if i.op.name == "fused"):
         out.append(generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret))
@@ -80,15 +91,20 @@ def program_kernels(program: Any, allow_tf32: bool = False, interpret: bool = Fa
 
 
 def kernel_inputs(fused: Instruction, plan: Any) -> KernelInputs:
-    """Inputs of `fused` as its kernel sees them; views of one buffer share a pointer."""
-    from fusegraph.targets.gpu.weight_layout import strided_shape
+    """Inputs of `fused` as its kernel sees them (in their buffers' layouts); views of one
+    buffer share a pointer."""
+    from fusegraph.targets.gpu.memory_plan import physical_shape, stored_buffer_input
 
     first: dict[int, int] = {}
     names = []
     shapes = []
+    constants = {}
     for k, x in enumerate(fused.inputs):
         b = plan.of[id(x)]
         first.setdefault(b.id, k)
         names.append(f"x{first[b.id]}")
-        shapes.append(strided_shape(x.shape, b.perm) if x.op.name == "@literal" else x.shape)
-    return KernelInputs(shapes, names)
+        shapes.append(physical_shape(x, plan))
+        if x.op.name == "@literal" and x.shape.elements == 1 and x.shape.dtype in INLINED_CONSTANT_TYPES:
+            constants[k] = float(np.asarray(x.op.value).reshape(-1)[0])
+    out = physical_shape(fused, plan) if stored_buffer_input(fused) is None else None
+    return KernelInputs(shapes, names, out, constants)

@@ -9,14 +9,13 @@ from typing import Any, Callable
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Program
 from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
-from fusegraph.targets.gpu.codegen import generate, kernel_inputs
+from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
 from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 from fusegraph.ir.shape import Shape
-from fusegraph.targets.gpu.memory_plan import Buffer, plan_memory, stored_buffer_input
+from fusegraph.targets.gpu.memory_plan import Buffer, stored_buffer_input
 from fusegraph.targets.gpu.templates.gemm import workspace_elements
-from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
 from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.returned_views import copy_returned_views
 
@@ -56,8 +55,7 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     if not is_fused(p):
         fuse(p)
     copy_returned_views(p.main)
-    plan = plan_memory(p.main)
-    choose_weight_layouts(p.main, plan)
+    plan = plan_program(p.main)
     fused = [i for i in p.main if i.op.name == "fused"]
     sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
     # split-k scratch, shared by every kernel (they run one after another and leave it zeroed)

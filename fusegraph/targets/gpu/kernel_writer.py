@@ -48,11 +48,16 @@ class KernelInputs:
     `shapes` address each input inside its buffer (the strides and offset of the outside
     value, which may be a slice or transpose of a larger buffer); `names` are the pointer
     arguments, shared by inputs that are views of one buffer so that a kernel reading one
-    slice of a buffer and writing another gets that buffer once.
+    slice of a buffer and writing another gets that buffer once. `out` addresses the fresh
+    output buffer (None: its standard layout). `constants` holds the value of each input that
+    is a one-element floating-point literal (a scale, an exponent): the kernel writes it as a
+    number instead of loading it in every lane.
     """
 
     shapes: list[Shape]
     names: list[str]
+    out: Shape | None = None
+    constants: dict[int, float] = field(default_factory=dict)
 
     @staticmethod
     def plain(shapes: list[Shape]) -> "KernelInputs":
@@ -106,6 +111,7 @@ class KernelWriter:
         # values the template computes itself (an anchor's accumulator), by instruction
         self.anchor_values = anchor_values or {}
         self.raw_loads: set[int] = set()  # loads that keep their storage type (matrix operands)
+        self.constant_of: dict[str, float] = {}  # emitted names of inlined constants -> value
 
     # -- plumbing ----------------------------------------------------------------------
     def arg_list(self) -> list[str]:
@@ -129,8 +135,8 @@ class KernelWriter:
         if ins.op.name == "@param":
             return self.args[id(ins)]
         if ins.op.name == "allocate":
-            self.out_shape = ins.shape
-            return "out", ins.shape
+            self.out_shape = self.inputs.out or ins.shape
+            return "out", self.out_shape
         raise CodegenError(f"cannot address {ins.op.name} as a buffer")
 
     # -- values ------------------------------------------------------------------------
@@ -151,6 +157,14 @@ class KernelWriter:
         return code
 
     def _load(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
+        source = ins.inputs[0]
+        if source.op.name == "@param" and id(ins) not in self.raw_loads:
+            k = self.params.index(source)
+            if k in self.inputs.constants:
+                value = self.inputs.constants[k]
+                name = self.let(f"tl.full([], {_float_literal(value)}, {TRITON_TYPES[compute_type(ins.shape.dtype)]})", "c")
+                self.constant_of[name] = value
+                return name
         m = ins.op.attrs["map"]
         arg, shape = self.buffer(ins.inputs[0])
         idx = m.apply(index, check=False)
@@ -205,32 +219,53 @@ class KernelWriter:
         elif op.name == "pow" and first.is_integer:  # libdevice's pow is for floats: exact in float64
             code = (f"libdevice.pow({operands[0]}.to(tl.float64), {operands[1]}.to(tl.float64))"
                     f".to({TRITON_TYPES[out]})")
+        elif op.name == "pow" and self.constant_of.get(operands[1]) in (1.0, 2.0):  # a square, as YOLO's box sizes
+            code = operands[0] if self.constant_of[operands[1]] == 1.0 else f"({operands[0]} * {operands[0]})"
         else:
             code = op.scalar(*operands)
         return self.let(code)
 
     # -- stores ------------------------------------------------------------------------
     def store(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...] = ()) -> None:
-        """Emit `ins` (a store) and, first, the stores it is chained to."""
+        """Emit `ins` (a store) and the stores it is chained to. Consecutive stores to the same
+        addresses under different domains (the pieces of a concat that one kernel writes, as
+        the detection head's xy, wh and class columns) become one store of a selected value."""
+        parts = self._store_parts(ins, tile, index, mask)
+        k = 0
+        while k < len(parts):
+            j = k + 1
+            while j < len(parts) and parts[j][0] == parts[k][0]:
+                j += 1
+            ptr, value, conds = parts[k]
+            if j - k > 1:
+                covered = []
+                for _, v, c in parts[k + 1:j]:
+                    cond = " & ".join(_dedupe(c)) or "True"
+                    value = f"tl.where({cond}, {v}, {value})"
+                    covered.append(f"({cond})")
+                conds = [f"({' & '.join(_dedupe(conds)) or 'True'})"] + covered
+                conds = [f"({' | '.join(conds)})"]
+            common = tile.mask_for(tile.dims)
+            self.emit(f"tl.store({ptr}, {value}, mask={' & '.join(_dedupe(common + conds))})" if common + conds
+                      else f"tl.store({ptr}, {value})")
+            k = j
+
+    def _store_parts(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> list[tuple[str, str, list[str]]]:
+        """(pointer, value, conditions beyond the tile's bounds) of each store of a chain, in order."""
         dest = ins.inputs[0]
-        if dest.op.name == "store":
-            self.store(dest, tile, index, mask)
-            root = self.root_buffer(dest)
-        else:
-            root = dest
-        arg, shape = self.buffer(root)
+        parts = self._store_parts(dest, tile, index, mask) if dest.op.name == "store" else []
+        arg, shape = self.buffer(self.root_buffer(dest))
         m = ins.op.attrs["map"]
         idx = m.apply(index, check=False)
         addr = linear_offset(idx, shape.strides, shape.offset)
         dconds, _ = self.domain_conds(ins, tile, index)
-        conds = tile.mask_for(tile.dims) + dconds + list(mask)
-        value = self.value(ins.inputs[1], tile, index, mask)
+        # `mask` (split-k's last program) guards the store only: the values' loads keep the
+        # shapes of their own indices (a bias row is read once per column, not per element)
+        value = self.value(ins.inputs[1], tile, index)
         value = f"{value}.to({TRITON_TYPES[shape.dtype]})" if shape.dtype != DType.bool else f"({value} != 0)"
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(tile.dims - self._vars_of([addr]))}"
-        if conds:
-            self.emit(f"tl.store({ptr}, {value}, mask={' & '.join(_dedupe(conds))})")
-        else:
-            self.emit(f"tl.store({ptr}, {value})")
+        parts.append((ptr, value, dconds + list(mask)))
+        return parts
 
     @staticmethod
     def root_buffer(ins: Instruction) -> Instruction:
@@ -253,6 +288,14 @@ def _dedupe(items: list[str]) -> list[str]:
         if x not in seen:
             seen.append(x)
     return seen
+
+
+def _float_literal(value: float) -> str:
+    if value != value:
+        return "float('nan')"
+    if value in (float("inf"), float("-inf")):
+        return f"float('{value}')"
+    return repr(float(value))
 
 
 def var(name: str, extent: int) -> Var:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ir.shape import Shape
+from fusegraph.ir.shape import Shape, standard_strides
 from fusegraph.targets.gpu.kernel_writer import CodegenError
 
 ALIGN = 256
@@ -31,7 +31,7 @@ class Buffer:
     start: int = 0
     end: int = 0
     offset: int = -1  # in the arena, bytes
-    perm: tuple[int, ...] | None = None  # a literal stored with its dims in this order (weight_layout.py)
+    perm: tuple[int, ...] | None = None  # dims stored in this order (weight_layout.py, activation_layout.py)
 
     @property
     def nbytes(self) -> int:
@@ -129,3 +129,37 @@ def _place(plan: MemoryPlan, bufs: list[Buffer]) -> None:
     plan.arena_bytes = max((b.offset + _aligned(b.nbytes) for b in placed), default=0)
     events = sorted({b.start for b in bufs})
     plan.lower_bound = max((sum(_aligned(b.nbytes) for b in bufs if b.start <= t <= b.end) for t in events), default=0)
+
+
+def strided_shape(shape: Shape, perm: tuple[int, ...] | None) -> Shape:
+    """`shape` as stored in `perm` order: the same lens, the strides of the permuted layout."""
+    if perm is None:
+        return shape
+    physical = standard_strides([shape.lens[p] for p in perm])
+    strides = [0] * shape.ndim
+    for j, p in enumerate(perm):
+        strides[p] = physical[j]
+    return Shape.of(shape.dtype, shape.lens, strides)
+
+
+def physical_shape(value: Instruction, plan: MemoryPlan) -> Shape:
+    """How `value` lies in its buffer once the buffer has its chosen layout.
+
+    A value that makes or fills a buffer spans all of it; a view's strides follow from its
+    input's by the view's own shape rule, so a slice of a channels-last concat buffer is
+    addressed channels-last too. Raises CodegenError for a reshape the layout cannot alias.
+    """
+    from fusegraph.ops.views import view_strides
+
+    b = plan.of[id(value)]
+    if b.perm is None:
+        return value.shape
+    if value.op.name not in VIEW_OPS:
+        return strided_shape(value.shape, b.perm)
+    x = physical_shape(value.inputs[0], plan)
+    if value.op.name in ("reshape", "flatten"):  # their shape rule falls back to a copy's strides
+        strides = view_strides(x.lens, x.strides, value.shape.lens)
+        if strides is None:
+            raise CodegenError(f"{value.name} ({value.op.name}) cannot view buffer {b.id} in its layout {b.perm}")
+        return Shape.of(x.dtype, value.shape.lens, strides, x.offset)
+    return value.op.compute_shape([x])

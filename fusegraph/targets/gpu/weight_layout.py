@@ -11,7 +11,6 @@ of the tile is contiguous and every 2-byte weight costs a 32-byte memory sector.
 from __future__ import annotations
 
 from fusegraph.ir.program import Module
-from fusegraph.ir.shape import Shape, standard_strides
 from fusegraph.targets.gpu.memory_plan import MemoryPlan
 
 TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
@@ -46,13 +45,3 @@ def _only_plain_weight_reads(module: Module, param: object, anchor: object) -> b
     return (len(readers) == 1 and readers[0].op.name == "load" and readers[0] is anchor.inputs[1]  # type: ignore[attr-defined]
             and readers[0].op.attrs["map"].is_identity() and not readers[0].op.attrs["domain"])
 
-
-def strided_shape(shape: Shape, perm: tuple[int, ...] | None) -> Shape:
-    """`shape` as stored in `perm` order: the same lens, the strides of the permuted layout."""
-    if perm is None:
-        return shape
-    physical = standard_strides([shape.lens[p] for p in perm])
-    strides = [0] * shape.ndim
-    for j, p in enumerate(perm):
-        strides[p] = physical[j]
-    return Shape.of(shape.dtype, shape.lens, strides)

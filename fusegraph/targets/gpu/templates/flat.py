@@ -4,7 +4,9 @@ It serves every fused group whose output element is computed on its own: pointwi
 copies, and anchors that are a small loop per element (pooling windows, LRN, data movement),
 which register themselves as anchor emitters. Contiguous dims collapse on their own: the
 iteration index is the delinearized flat offset, and the index algebra folds an identity
-address back into the offset, so loads and stores are plain vector accesses.
+address back into the offset, so loads and stores are plain vector accesses. The offset walks
+the dims in the order the output buffer stores them (a channels-last buffer channel-fastest),
+so neighbouring lanes write neighbouring addresses whatever the layout.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from fusegraph.ir.index_map import delinearize
+from fusegraph.ir.index_expr import evaluate
+from fusegraph.ir.index_map import delinearize, linear_offset
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import Index, KernelInputs, KernelWriter, Tile, var
@@ -27,11 +30,13 @@ def flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs,
     space = _space(ret)
     total = math.prod(space)
     xo = var("xo", total)
-    index = delinearize(xo, space) if space else ()
     anchors = {}
     if anchor is not None and emitter is not None:
         anchors[id(anchor)] = lambda tile, idx: emitter(w, anchor, tile, idx)
     w = KernelWriter(module, inputs, anchors)
+    order = _store_order(w, ret, space)
+    walked = delinearize(xo, [space[d] for d in order]) if space else ()
+    index = tuple(walked[order.index(d)] for d in range(len(space)))
     tile = Tile({"xo": "xo"}, {"xo": f"(xo < {total})" if total > 1 else None})
     w.emit("xo = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)")
     w.store(ret, tile, index)
@@ -42,6 +47,18 @@ def flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs,
     if block > 256:
         configs += [{"XBLOCK": 256, "num_warps": 2, "num_stages": 1}, {"XBLOCK": 512, "num_warps": 4, "num_stages": 1}]
     return KernelSource(name, kernel, "flat", body, args, configs, [(total, "XBLOCK", None)])
+
+
+def _store_order(w: KernelWriter, store: Instruction, space: tuple[int, ...]) -> list[int]:
+    """The iteration dims from the slowest to the fastest moving address of the stored buffer."""
+    root = w.root_buffer(store)
+    _, shape = w.buffer(root)
+    dims = [var(f"d{j}", n) for j, n in enumerate(space)]
+    addr = linear_offset(store.op.attrs["map"].apply(tuple(dims), check=False), shape.strides, shape.offset)
+    zero = {d.name: 0 for d in dims}
+    base = evaluate(addr, zero)
+    step = [abs(evaluate(addr, {**zero, d.name: 1}) - base) if n > 1 else 0 for d, n in zip(dims, space)]
+    return sorted(range(len(space)), key=lambda j: -step[j])
 
 
 def _space(store: Instruction) -> tuple[int, ...]:

@@ -1,0 +1,55 @@
+"""Channels-last storage for the feature maps that convolutions read and write.
+
+An implicit-GEMM convolution reads its A tile as [pixels, channels]. In NCHW the channels of
+one pixel are H*W elements apart and the pixels of a tile row are spread by the window's
+`// W` and `% W`, so no dimension of the tile is provably contiguous: every 2-byte element is
+its own load, the loads cannot become asynchronous copies, and the k loop waits on memory at
+every step. Stored NHWC, a pixel's channels are contiguous: the tile loads as 16-byte vectors
+that the pipeliner prefetches, and the epilogue's stores along output channels coalesce too.
+
+Intermediate buffers are the compiler's to lay out (kernels address every buffer through
+strides), so each 4-d arena buffer that a convolution kernel reads or writes is stored
+channels-last, unless a view of it cannot alias that layout. Program inputs and outputs keep
+their standard layout.
+"""
+
+from __future__ import annotations
+
+from fusegraph.errors import FusegraphError
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.targets.gpu.memory_plan import VIEW_OPS, MemoryPlan, physical_shape
+
+CHANNELS_LAST = (0, 2, 3, 1)  # [N, C, H, W] stored as [N, H, W, C]
+
+
+def choose_activation_layouts(main: Module, plan: MemoryPlan) -> None:
+    """Store channels-last every 4-d arena buffer that a 2-d convolution kernel touches."""
+    from fusegraph.targets.gpu.codegen import find_anchor
+
+    wanted: set[int] = set()
+    for ins in main:
+        if ins.op.name != "fused" or not _is_conv2d(find_anchor(ins)):
+            continue
+        for x in [ins, *ins.inputs]:
+            b = plan.of.get(id(x))
+            if b is not None and b.kind == "arena" and b.shape.ndim == 4:
+                wanted.add(b.id)
+    values: dict[int, list[Instruction]] = {}
+    for ins in main:
+        b = plan.of.get(id(ins))
+        if b is not None and b.id in wanted:
+            values.setdefault(b.id, []).append(ins)
+    for b in plan.buffers:
+        if b.id not in wanted:
+            continue
+        b.perm = CHANNELS_LAST
+        try:  # every view of the buffer must alias the new layout
+            for v in values.get(b.id, []):
+                if v.op.name in VIEW_OPS:
+                    physical_shape(v, plan)
+        except FusegraphError:
+            b.perm = None
+
+
+def _is_conv2d(anchor: Instruction | None) -> bool:
+    return anchor is not None and anchor.op.name == "convolution" and anchor.shape.ndim == 4
