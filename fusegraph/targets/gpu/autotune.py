@@ -47,8 +47,14 @@ class TuningCache:
         self.dirty = False
 
 
-def best_config(configs: list[Config], run: Callable[[Config], None], repeats: int = 20) -> tuple[Config, list[float]]:
-    """The fastest config by median GPU time (ms); configs that fail to compile are skipped."""
+def best_config(configs: list[Config], run: Callable[[Config], None], repeats: int = 10,
+                replays: int = 10) -> tuple[Config, list[float]]:
+    """The fastest config by GPU time (ms per launch); configs that fail to compile are skipped.
+
+    Each candidate is captured `repeats` times into a CUDA graph and the graph replayed between
+    events: launched one by one from Python, a kernel of a few microseconds would measure the
+    launch's CPU cost, the same for every config, and the choice would be noise.
+    """
     import torch
 
     times: list[float] = []
@@ -56,17 +62,23 @@ def best_config(configs: list[Config], run: Callable[[Config], None], repeats: i
         try:
             run(c)  # compile and warm up
             torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(repeats):
+                    run(c)
+            graph.replay()
             samples = []
-            for _ in range(repeats):
+            for _ in range(replays):
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
-                run(c)
+                graph.replay()
                 e.record()
                 e.synchronize()
-                samples.append(s.elapsed_time(e))
+                samples.append(s.elapsed_time(e) / repeats)
             samples.sort()
             times.append(samples[len(samples) // 2])
         except Exception:  # noqa: BLE001 - a config the compiler rejects (too much shared memory, ...)
+            torch.cuda.synchronize()
             times.append(float("inf"))
     k = min(range(len(configs)), key=lambda i: times[i])
     return configs[k], times

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
 import time
 from typing import Any, Callable
 
@@ -116,13 +118,19 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
         dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
         jobs += [(k.src, dtypes, c) for c in candidates]
     compile_all(jobs, progress)
+    report = []
     for j, (k, candidates) in enumerate(zip(compiled.kernels, plans)):
         if len(candidates) == 1:
             k.config = candidates[0]
         else:
             args = compiled._args(k, tensors)
-            k.config, _ = best_config(candidates, lambda c: k.launch(args, c))
+            k.config, times = best_config(candidates, lambda c: k.launch(args, c))
+            report.append({"kernel": k.src.name, "flops": k.src.flops,
+                           "grid": k.src.grid_dims, "configs": candidates, "ms": times})
         cache.put(k.src.digest, k.config)
         if progress:
             progress("tuning kernels", j + 1, len(compiled.kernels))
     cache.save()
+    if os.environ.get("FUSEGRAPH_TUNING_REPORT") and report:  # every candidate's time, to improve the defaults
+        with open(os.environ["FUSEGRAPH_TUNING_REPORT"], "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in report)

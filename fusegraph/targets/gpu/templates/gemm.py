@@ -257,8 +257,19 @@ def _configs(spec: GemmSpec) -> list[dict[str, int]]:
     # split k where even small tiles leave most multiprocessors idle and the k loop is long
     few = tiles(32, 64)
     chunks = -(-spec.k // 64)
+    split = 0
     if few < 132 and chunks >= 8:
         split = min(8, max(2, 264 // few), chunks // 4)
         for bm, bn in ((32, 64), (64, 64)):
             out.insert(1, {"BM": bm, "BN": min(bn, nmax), "BK": min(64, bk), "SPLIT": split, "num_warps": 4, "num_stages": 4})
-    return out
+    # more for --exhaustive-tune: narrow and tall tiles, and the neighbouring split factors
+    extra = [(128, 32, 64, 4, 4), (64, 32, 64, 4, 4), (128, 64, 32, 4, 4), (64, 64, 32, 4, 3),
+             (256, 64, 32, 8, 3), (256, 128, 32, 8, 3), (64, 64, 64, 4, 2), (32, 64, 64, 2, 3)]
+    more = [{"BM": bm, "BN": min(bn, nmax), "BK": min(bk2, bk), "SPLIT": 1, "num_warps": w, "num_stages": st}
+            for bm, bn, bk2, w, st in extra]
+    if chunks >= 8:
+        for f in sorted({2, 4, 8} - {split}):
+            if f <= chunks // 2:
+                more += [{"BM": bm, "BN": min(bn, nmax), "BK": min(64, bk), "SPLIT": f, "num_warps": 4, "num_stages": 4}
+                         for bm, bn in ((32, 64), (64, 64), (32, 32))]
+    return out + [c for k, c in enumerate(more) if c not in out and c not in more[:k]]
