@@ -21,7 +21,7 @@ from fusegraph.targets.gpu.templates.gemm import workspace_elements
 from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.returned_views import copy_returned_views
 
-DEFAULT_TUNE_CONFIGS = 4  # candidates per kernel unless exhaustive
+DEFAULT_TUNE_CONFIGS = 6  # candidates per kernel unless exhaustive (the templates order them best first)
 
 
 def is_fused(program: Program) -> bool:

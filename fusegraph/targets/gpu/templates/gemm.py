@@ -169,8 +169,11 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         operand = "tl.float32"  # the interpreter's bf16 dot is wrong
     precision = "" if dtype != DType.float32 else (', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
     # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
-    w.emit(f"acc = tl.dot(tl.broadcast_to({av}, [BM, BK]).to({operand}), "
-           f"tl.broadcast_to({bv}, [BK, BN]).to({operand}), acc{precision})")
+    a_tile, b_tile = f"tl.broadcast_to({av}, [BM, BK]).to({operand})", f"tl.broadcast_to({bv}, [BK, BN]).to({operand})"
+    if dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
+        w.emit(f"acc += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
+    else:
+        w.emit(f"acc = tl.dot({a_tile}, {b_tile}, acc{precision})")
     w.indent -= 1
     _split_k_fixup(w)
     te = Tile({"rm": "rm[:, None]", "rn": "rn[None, :]", "gz": "gz", "nq": "pid_n"}, {"rm": m_bound, "rn": n_bound})
@@ -179,8 +182,8 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     args = w.arg_list() + ["ws", "cnt"]
     body = signature(name, args, ["BM", "BN", "BK", "SPLIT"]) + "\n" + "\n".join(w.lines) + "\n"
     configs = _configs(spec)
-    if dtype == DType.float64:  # the split-k workspace is float32
-        configs = [c for c in configs if c["SPLIT"] == 1]
+    if dtype == DType.float64:  # small tiles for the summed products; the split-k workspace is float32
+        configs = [{"BM": 16, "BN": 16, "BK": 16, "SPLIT": 1, "num_warps": 4, "num_stages": 1}]
     m, n, batch = spec.m, spec.n, spec.batch
     n_grid: tuple[int, str | None, str | None] = (n, "BN", None)
     if period:
@@ -232,8 +235,10 @@ def _pow2(x: int, lo: int, hi: int) -> int:
 def _configs(spec: GemmSpec) -> list[dict[str, int]]:
     """Tile shapes for the problem's size, best guesses first (the first is the untuned default).
 
-    Small problems (batch-1 feature maps of 20x20 or 40x40) need small tiles to give the 132
-    multiprocessors enough programs; large ones want large tiles for reuse.
+    Small problems (batch-1 feature maps of 20x20 or 40x40) need small tiles and split-k to give
+    the 132 multiprocessors enough programs; large ones want large tiles for reuse. The order
+    comes from timing every candidate of YOLOv5s's kernels on an H200 (FUSEGRAPH_TUNING_REPORT):
+    the default tune times the first four.
     """
     kmax = 64
     if spec.taps:
@@ -241,35 +246,33 @@ def _configs(spec: GemmSpec) -> list[dict[str, int]]:
         kmax = max(b for b in (16, 32, 64) if channels % b == 0)
     bk = min(_pow2(spec.k, 16, 64), kmax)
     nmax = _pow2(spec.n, 16, 256)
-    shapes = [(64, 128, 64, 4, 3), (32, 64, 64, 4, 4), (64, 64, 64, 4, 4), (128, 128, 32, 8, 3),
-              (32, 32, 64, 2, 4), (128, 64, 64, 4, 3), (64, 128, 32, 4, 4), (128, 256, 64, 8, 3)]
+
     def tiles(bm: int, bn: int) -> int:
         return -(-spec.m // bm) * -(-spec.n // min(bn, nmax)) * spec.batch
 
+    def config(bm: int, bn: int, bk2: int, warps: int, stages: int, split: int = 1) -> dict[str, int]:
+        return {"BM": bm, "BN": min(bn, nmax), "BK": min(bk2, bk), "SPLIT": split, "num_warps": warps, "num_stages": stages}
+
+    shapes = [(64, 128, 64, 4, 3), (32, 64, 64, 4, 4), (64, 64, 64, 4, 2), (64, 32, 64, 4, 4), (64, 64, 64, 4, 4),
+              (128, 128, 32, 8, 3), (32, 32, 64, 2, 4), (128, 64, 64, 4, 3), (64, 128, 32, 4, 4),
+              (128, 256, 64, 8, 3), (128, 32, 64, 4, 4), (128, 64, 32, 4, 4), (64, 64, 32, 4, 3),
+              (256, 64, 32, 8, 3), (256, 128, 32, 8, 3), (32, 64, 64, 2, 3)]
     if tiles(64, 128) < 132:
         # too few programs to fill the GPU: the largest tiles that still fill it, then the most programs
         shapes.sort(key=lambda t: (0, -t[0] * t[1]) if tiles(t[0], t[1]) >= 132 else (1, -tiles(t[0], t[1])))
-    out: list[dict[str, int]] = []
-    for bm, bn, bk2, warps, stages in shapes:
-        c = {"BM": bm, "BN": min(bn, nmax), "BK": min(bk2, bk), "SPLIT": 1, "num_warps": warps, "num_stages": stages}
-        if c not in out:
-            out.append(c)
-    # split k where even small tiles leave most multiprocessors idle and the k loop is long
-    few = tiles(32, 64)
+    out = [config(*t) for t in shapes]
+    # split k where even small tiles leave most multiprocessors idle and the k loop is long:
+    # enough slices for two programs per multiprocessor, each slice at least two chunks long
     chunks = -(-spec.k // 64)
-    split = 0
-    if few < 132 and chunks >= 8:
-        split = min(8, max(2, 264 // few), chunks // 4)
-        for bm, bn in ((32, 64), (64, 64)):
-            out.insert(1, {"BM": bm, "BN": min(bn, nmax), "BK": min(64, bk), "SPLIT": split, "num_warps": 4, "num_stages": 4})
-    # more for --exhaustive-tune: narrow and tall tiles, and the neighbouring split factors
-    extra = [(128, 32, 64, 4, 4), (64, 32, 64, 4, 4), (128, 64, 32, 4, 4), (64, 64, 32, 4, 3),
-             (256, 64, 32, 8, 3), (256, 128, 32, 8, 3), (64, 64, 64, 4, 2), (32, 64, 64, 2, 3)]
-    more = [{"BM": bm, "BN": min(bn, nmax), "BK": min(bk2, bk), "SPLIT": 1, "num_warps": w, "num_stages": st}
-            for bm, bn, bk2, w, st in extra]
-    if chunks >= 8:
-        for f in sorted({2, 4, 8} - {split}):
-            if f <= chunks // 2:
-                more += [{"BM": bm, "BN": min(bn, nmax), "BK": min(64, bk), "SPLIT": f, "num_warps": 4, "num_stages": 4}
-                         for bm, bn in ((32, 64), (64, 64), (32, 32))]
-    return out + [c for k, c in enumerate(more) if c not in out and c not in more[:k]]
+    if tiles(32, 64) < 132 and chunks >= 8:
+        def factor(bm: int, bn: int) -> int:
+            want = 1 << max(1, math.ceil(math.log2(264 / tiles(bm, bn))))
+            return min(8, want, 1 << (chunks // 2).bit_length() - 1)
+
+        f64, f32 = factor(64, 64), factor(32, 64)
+        out = [config(64, 64, 64, 4, 4, f64), config(32, 64, 64, 4, 4, f32),
+               config(64, 64, 64, 4, 4, max(2, f64 // 2))] + out
+    for f in (2, 4, 8):  # the other split factors, for --exhaustive-tune
+        if chunks >= 8 and f <= chunks // 2:
+            out += [config(bm, bn, 64, 4, 4, f) for bm, bn in ((64, 64), (32, 64), (32, 32))]
+    return [c for k, c in enumerate(out) if c not in out[:k]]
