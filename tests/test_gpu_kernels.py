@@ -97,6 +97,10 @@ def test_detection_head_writes_final_layout():
              "flat": np.array([1, 3 * h * w, 9], np.int64)}
     c = check_gpu(make_model(nodes, {"x": [1, 8, h, w]}, ["y"], inits))
     assert len(c.kernels) == 1
+    body = c.kernels[0].src.body
+    # the scalar 2.0 is a number in the kernel, its square a product, the three concat pieces one store
+    assert "libdevice.pow" not in body and "tl.full([], 2.0, tl.float32)" in body
+    assert body.count("tl.store(out") == 1 and "tl.where(" in body
 
 
 @pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0)])

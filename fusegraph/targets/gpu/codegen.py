@@ -104,7 +104,18 @@ def kernel_inputs(fused: Instruction, plan: Any) -> KernelInputs:
         first.setdefault(b.id, k)
         names.append(f"x{first[b.id]}")
         shapes.append(physical_shape(x, plan))
-        if x.op.name == "@literal" and x.shape.elements == 1 and x.shape.dtype in INLINED_CONSTANT_TYPES:
-            constants[k] = float(np.asarray(x.op.value).reshape(-1)[0])
+        if x.op.name == "@literal" and x.shape.dtype in INLINED_CONSTANT_TYPES:
+            value = _uniform_value(np.asarray(x.op.value))
+            if value is not None:
+                constants[k] = value
     out = physical_shape(fused, plan) if stored_buffer_input(fused) is None else None
     return KernelInputs(shapes, names, out, constants)
+
+
+def _uniform_value(values: np.ndarray) -> float | None:
+    """The value of a small literal whose elements are all equal (a scalar, or one broadcast
+    by constant folding), which a kernel can write as a number; else None."""
+    if values.size == 0 or values.size > 1 << 16:
+        return None
+    first = values.reshape(-1)[0]
+    return float(first) if bool((values == first).all()) else None

@@ -50,8 +50,8 @@ class KernelInputs:
     arguments, shared by inputs that are views of one buffer so that a kernel reading one
     slice of a buffer and writing another gets that buffer once. `out` addresses the fresh
     output buffer (None: its standard layout). `constants` holds the value of each input that
-    is a one-element floating-point literal (a scale, an exponent): the kernel writes it as a
-    number instead of loading it in every lane.
+    is a floating-point literal with one value (a scale, an exponent, or one broadcast by
+    constant folding): the kernel writes it as a number instead of loading it in every lane.
     """
 
     shapes: list[Shape]
