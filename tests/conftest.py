@@ -11,3 +11,11 @@ from tests.helpers import has_gpu
 
 if not has_gpu() and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_configure(config):
+    """Register the gpu conformance table here, in the process that prints the session summary:
+    under pytest-xdist the tests run in workers and only their reports reach this process."""
+    from conformance.summary import register_gpu_summary
+
+    register_gpu_summary(config)
