@@ -132,8 +132,16 @@ def compile_fusegraph(program: Program, device: torch.device, fp16: bool = True)
         compiled = compile_fn(target="gpu", fp16=fp16)
     except Exception as e:  # report, never abort the torch contenders
         traceback.print_exc()
-        return None, f"compile failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None, f"compile failed: {first_line(e)}"
     return FusegraphRunner(compiled), ""
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A script's argument parser (its docstring's first paragraph as description) with the
+    options every benchmark shares."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser)
+    return parser
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -150,6 +158,13 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
 
 def selected(name: str, only: str | None) -> bool:
     return only is None or name in {s.strip() for s in only.split(",")}
+
+
+def failure(e: BaseException) -> str:
+    """A contender's failure as its table note, with the traceback printed to the log: the
+    other contenders still run."""
+    traceback.print_exc()
+    return f"failed: {first_line(e)}"
 
 
 def first_line(e: BaseException) -> str:

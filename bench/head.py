@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph
-from bench.common import Check, add_common_args, check, compile_fusegraph, exact_fp32, first_line, selected
+from bench.common import Check, bench_parser, check, compile_fusegraph, exact_fp32, failure, first_line, selected
 from bench.timing import (Table, Timing, capture_graph, copy_bandwidth, count_kernels, fmt_us, is_cuda, l2_bytes,
                           time_calls, time_gpu, write_results)
 
@@ -237,17 +237,12 @@ def run_fusegraph(level: Level, w_np: np.ndarray, b_np: np.ndarray, x: torch.Ten
         r.hot = time_gpu([runner.replay], iters=iters, warmup=warmup, flush_l2=False, device=device)
         r.note = runner.note()
     except Exception as e:  # report the failure in the table; the torch contenders still run
-        import traceback
-
-        traceback.print_exc()
-        r.note = f"failed: {first_line(e)}"
+        r.note = failure(e)
     return r
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
+    parser = bench_parser(__doc__)
     parser.add_argument("--iters", type=int, default=500, help="timed runs per contender and L2 state (default 500)")
     parser.add_argument("--levels", default="0,1,2", help="which levels: 0 (80x80), 1 (40x40), 2 (20x20)")
     args = parser.parse_args(argv)

@@ -35,7 +35,7 @@ import torch
 
 import fusegraph
 import fusegraph.zoo
-from bench.common import Check, add_common_args, check, compile_fusegraph, exact_fp32, first_line, selected
+from bench.common import Check, bench_parser, check, compile_fusegraph, exact_fp32, failure, first_line, selected
 from bench.timing import (Table, Timing, capture_graph, count_kernels, fmt_us, is_cuda, synchronize, time_calls,
                           time_gpu, write_results)
 from bench.torch_reference import build_module
@@ -247,17 +247,12 @@ def run_fusegraph(b: Bench) -> Result:
         r.timing = time_gpu([runner.replay], iters=b.graph_iters, warmup=b.warmup, device=b.device)
         r.note = runner.note()
     except Exception as e:  # report it in the table; the torch contenders still run
-        import traceback
-
-        traceback.print_exc()
-        r.note = f"failed: {first_line(e)}"
+        r.note = failure(e)
     return r
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
+    parser = bench_parser(__doc__)
     parser.add_argument("--batch", type=int, default=1, choices=(1, 32), help="images per run (1 or 32)")
     parser.add_argument("--max-autotune", action="store_true",
                         help='add torch.compile mode="max-autotune" (slow to compile; e.g. with --only compile-max-autotune)')

@@ -12,6 +12,7 @@ out as `x0 + xo` and a scattered store as `34000 * (rn // 85) + 85 * rm + rn % 8
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -230,25 +231,16 @@ class KernelWriter:
         """Emit `ins` (a store) and the stores it is chained to. Consecutive stores to the same
         addresses under different domains (the pieces of a concat that one kernel writes, as
         the detection head's xy, wh and class columns) become one store of a selected value."""
-        parts = self._store_parts(ins, tile, index, mask)
-        k = 0
-        while k < len(parts):
-            j = k + 1
-            while j < len(parts) and parts[j][0] == parts[k][0]:
-                j += 1
-            ptr, value, conds = parts[k]
-            if j - k > 1:
-                covered = []
-                for _, v, c in parts[k + 1:j]:
-                    cond = " & ".join(_dedupe(c)) or "True"
-                    value = f"tl.where({cond}, {v}, {value})"
-                    covered.append(f"({cond})")
-                conds = [f"({' & '.join(_dedupe(conds)) or 'True'})"] + covered
-                conds = [f"({' | '.join(conds)})"]
-            common = tile.mask_for(tile.dims)
-            self.emit(f"tl.store({ptr}, {value}, mask={' & '.join(_dedupe(common + conds))})" if common + conds
-                      else f"tl.store({ptr}, {value})")
-            k = j
+        common = tile.mask_for(tile.dims)
+        for ptr, group in itertools.groupby(self._store_parts(ins, tile, index, mask), key=lambda p: p[0]):
+            parts = list(group)
+            _, value, conds = parts[0]
+            if len(parts) > 1:  # later stores win where domains overlap, as they would in sequence
+                for _, v, c in parts[1:]:
+                    value = f"tl.where({_all(c)}, {v}, {value})"
+                conds = [f"({' | '.join(f'({_all(c)})' for _, _, c in parts)})"]
+            mask_code = " & ".join(_dedupe(common + conds))
+            self.emit(f"tl.store({ptr}, {value}, mask={mask_code})" if mask_code else f"tl.store({ptr}, {value})")
 
     def _store_parts(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> list[tuple[str, str, list[str]]]:
         """(pointer, value, conditions beyond the tile's bounds) of each store of a chain, in order."""
@@ -288,6 +280,10 @@ def _dedupe(items: list[str]) -> list[str]:
         if x not in seen:
             seen.append(x)
     return seen
+
+
+def _all(conds: list[str]) -> str:
+    return " & ".join(_dedupe(conds)) or "True"
 
 
 def _float_literal(value: float) -> str:
