@@ -13,7 +13,8 @@ transposed layout. The contenders:
   compiled for the GPU in fp16, timed as replays of its CUDA graph;
 * eager: YOLOv5's own Detect code, `conv2d(x, w, b).view(...).permute(...).contiguous().sigmoid()`;
 * eager channels_last: the same with x and w in channels_last;
-* torch.compile, default mode and mode="max-autotune-no-cudagraphs";
+* torch.compile, default mode and mode="max-autotune-no-cudagraphs", each also with inductor's
+  layout optimization off (the convolution then stays NCHW and feeds one pointwise kernel);
 * gemm: a plain fp16 matrix product [H*W, Cin] x [Cin, 255] with a contiguous output, the
   same arithmetic and bytes without the layout change: the practical floor.
 
@@ -45,12 +46,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph
 from bench.common import Check, bench_parser, check, compile_fusegraph, exact_fp32, failure, first_line, selected
-from bench.timing import (Table, Timing, capture_graph, copy_bandwidth, count_kernels, fmt_us, is_cuda, l2_bytes,
-                          time_calls, time_gpu, write_results)
+from bench.timing import (Table, Timing, capture_graph, copy_bandwidth, count_kernels, fmt_us, is_cuda, kernel_time,
+                          l2_bytes, time_calls, time_gpu, write_results)
 
 NA, NO = 3, 85  # anchors per cell, values per anchor (4 box + 1 objectness + 80 classes)
 LEVELS = ((128, 80), (256, 40), (512, 20))
-CONTENDERS = ("fusegraph", "eager", "eager-cl", "compile", "compile-max-autotune", "gemm")
+CONTENDERS = ("fusegraph", "eager", "eager-cl", "compile", "compile-max-autotune", "compile-nolayout",
+              "compile-max-autotune-nolayout", "gemm")
+# torch.compile variants: (--only key, mode, inductor's layout_optimization). With layout
+# optimization off, inductor keeps the convolution's NCHW output and calls the GEMM as is.
+COMPILE_VARIANTS = (("compile", "default", True), ("compile-max-autotune", "max-autotune-no-cudagraphs", True),
+                    ("compile-nolayout", "default", False),
+                    ("compile-max-autotune-nolayout", "max-autotune-no-cudagraphs", False))
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,10 @@ class Result:
     name: str
     check: Check | None = None
     kernels: str = "-"
-    cold: Timing | None = None
+    cold: Timing | None = None  # events around each graph replay
     hot: Timing | None = None
+    gpu_cold: Timing | None = None  # profiler: first kernel start to last kernel end
+    gpu_hot: Timing | None = None
     note: str = ""
 
 
@@ -149,8 +158,15 @@ def time_contender(fn: Callable[[], torch.Tensor], args: argparse.Namespace, dev
         result.check = replay_check
         result.note = "CUDA graph replay gives a wrong output: not timed"
         return
-    result.cold = time_gpu([graph.replay], iters=iters, warmup=warmup, flush_l2=True, device=device)
-    result.hot = time_gpu([graph.replay], iters=iters, warmup=warmup, flush_l2=False, device=device)
+    time_replays(graph.replay, iters, warmup, device, result)
+
+
+def time_replays(replay: Callable[[], None], iters: int, warmup: int, device: torch.device, result: Result) -> None:
+    """Both clocks, L2 cold and hot: events around each replay, and the profiler's kernel span."""
+    result.cold = time_gpu([replay], iters=iters, warmup=warmup, flush_l2=True, device=device)
+    result.hot = time_gpu([replay], iters=iters, warmup=warmup, flush_l2=False, device=device)
+    result.gpu_cold = kernel_time(replay, iters=iters, warmup=warmup, flush_l2=True, device=device)
+    result.gpu_hot = kernel_time(replay, iters=iters, warmup=warmup, flush_l2=False, device=device)
 
 
 def run_level(level: Level, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[Result]:
@@ -179,17 +195,18 @@ def run_level(level: Level, args: argparse.Namespace, device: torch.device, dtyp
         time_contender(lambda: eager_head(x_cl, w_cl, b), args, device, ref, r)
         results.append(r)
 
-    for key, mode in (("compile", "default"), ("compile-max-autotune", "max-autotune-no-cudagraphs")):
+    for key, mode, layout in COMPILE_VARIANTS:
         if not selected(key, args.only):
             continue
-        r = Result(f"torch.compile {mode}")
+        r = Result(f"torch.compile {mode}" + ("" if layout else ", layout optimization off"))
         if not is_cuda(device):
             r.note = "skipped on the CPU"
         else:
             torch._dynamo.reset()
             compiled = torch.compile(eager_head, mode=None if mode == "default" else mode, dynamic=False)
-            try:
-                time_contender(lambda: compiled(x, w, b), args, device, ref, r)
+            try:  # inductor reads the option when it compiles, at the first call
+                with torch._inductor.config.patch(layout_optimization=layout):
+                    time_contender(lambda: compiled(x, w, b), args, device, ref, r)
             except Exception as e:  # a compiler failure is a result, not a crash
                 r.note = f"failed: {first_line(e)}"
         results.append(r)
@@ -233,12 +250,19 @@ def run_fusegraph(level: Level, w_np: np.ndarray, b_np: np.ndarray, x: torch.Ten
         reported = runner.kernel_count
         r.kernels = (kc.text() if kc else "?") + (f" (reports {reported})" if reported is not None else "")
         iters, warmup = (30, 5) if args.quick else (args.iters, 50)
-        r.cold = time_gpu([runner.replay], iters=iters, warmup=warmup, flush_l2=True, device=device)
-        r.hot = time_gpu([runner.replay], iters=iters, warmup=warmup, flush_l2=False, device=device)
+        time_replays(runner.replay, iters, warmup, device, r)
         r.note = runner.note()
     except Exception as e:  # report the failure in the table; the torch contenders still run
         r.note = failure(e)
     return r
+
+
+def median(t: Timing | None) -> float | None:
+    return t.median_us if t else None
+
+
+def ratio(theirs: float | None, ours: float | None) -> str:
+    return f"{theirs / ours:.2f}x" if theirs and ours else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,41 +279,53 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(device, nbytes=(1 << 30) if cuda else (1 << 28))
     levels = [Level(*LEVELS[int(i)]) for i in args.levels.split(",")]
     tables: list[Table] = []
-    totals: dict[str, list[float | None]] = {}
+    totals: dict[str, dict[str, list[float | None]]] = {}
     for level in levels:
         floor_bytes = level.bytes_floor(itemsize)
         floor_us = floor_bytes / bandwidth * 1e6
         title = (f"level {level.label} -> 1x{NA}x{level.size}x{level.size}x{NO}: bytes floor {floor_bytes / 1e6:.2f} MB "
                  f"= {floor_us:.2f} us at {bandwidth / 1e12:.2f} TB/s; {level.flops() / 1e6:.0f} MFLOP")
         print(f"\n== {title}", flush=True)
-        table = Table(title, ["contender", "kernels", "median us (L2 cold)", "min", "p90", "median us (L2 hot)",
-                              "floor / cold median", "rel err vs fp32", "note"])
-        for r in run_level(level, args, device, dtype):
-            cold, hot = r.cold, r.hot
-            ratio = f"{floor_us / cold.median_us:.0%}" if cold else "-"
-            table.add(r.name, r.kernels, fmt_us(cold.median_us if cold else None), fmt_us(cold.min_us if cold else None),
-                      fmt_us(cold.p90_us if cold else None), fmt_us(hot.median_us if hot else None), ratio,
-                      r.check.text() if r.check else "-", r.note)
-            print(f"   {r.name:32s} cold {fmt_us(cold.median_us if cold else None):>8s} us  "
-                  f"hot {fmt_us(hot.median_us if hot else None):>8s} us  kernels {r.kernels}  {r.note}", flush=True)
-            totals.setdefault(r.name, []).append(cold.median_us if cold else (hot.median_us if hot and not cuda else None))
+        table = Table(title, ["contender", "kernels", "GPU us (L2 cold)", "GPU us (L2 hot)", "replay us (L2 cold)",
+                              "replay us (L2 hot)", "fusegraph faster by (GPU, cold / hot)", "floor / GPU cold",
+                              "rel err vs fp32", "note"])
+        results = run_level(level, args, device, dtype)
+        ours = next((r for r in results if r.name == "fusegraph"), None)
+        for r in results:
+            gpu_cold, gpu_hot = median(r.gpu_cold), median(r.gpu_hot)
+            table.add(r.name, r.kernels, fmt_us(gpu_cold), fmt_us(gpu_hot), fmt_us(median(r.cold)),
+                      fmt_us(median(r.hot)),
+                      f"{ratio(gpu_cold, median(ours.gpu_cold) if ours else None)} / "
+                      f"{ratio(gpu_hot, median(ours.gpu_hot) if ours else None)}",
+                      f"{floor_us / gpu_cold:.0%}" if gpu_cold else "-", r.check.text() if r.check else "-", r.note)
+            print(f"   {r.name:52s} GPU cold {fmt_us(gpu_cold):>6s} hot {fmt_us(gpu_hot):>6s} us; replay cold "
+                  f"{fmt_us(median(r.cold)):>6s} hot {fmt_us(median(r.hot)):>6s} us; kernels {r.kernels}  {r.note}",
+                  flush=True)
+            for key, value in (("GPU us (L2 cold)", gpu_cold), ("GPU us (L2 hot)", gpu_hot),
+                               ("replay us (L2 cold)", median(r.cold) if cuda else median(r.hot))):
+                totals.setdefault(r.name, {}).setdefault(key, []).append(value)
         tables.append(table)
     if len(levels) > 1:
-        summary = Table("all levels: sum of the per-level medians (L2 cold on a GPU)", ["contender", "total us"])
-        for name, vals in totals.items():
-            summary.add(name, fmt_us(sum(vals)) if all(v is not None for v in vals) else "-")
+        keys = ["GPU us (L2 cold)", "GPU us (L2 hot)", "replay us (L2 cold)"]
+        summary = Table("all levels: sums of the per-level medians", ["contender", *keys])
+        for name, cols in totals.items():
+            summary.add(name, *(fmt_us(sum(cols[k])) if all(v is not None for v in cols[k]) else "-" for k in keys))
         tables.append(summary)
     notes = [
         f"{'fp16' if cuda else 'float32 (CPU smoke run)'}, batch 1, weights and inputs from seed {args.seed}",
         f"measured copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + written, 1 GiB device-to-device copy)"
         + (f"; L2 {l2_bytes(device) / 2**20:.0f} MiB" if cuda and l2_bytes(device) else ""),
-        ("timing: each contender (torch ones captured in a CUDA graph, fusegraph's own graph) timed per replay "
-         "with CUDA events; cold = L2 flushed (256 MB write) before each run, hot = back-to-back replays"
+        ("timing: each contender runs as a CUDA graph (the torch ones captured here, fusegraph's its own); "
+         "GPU us = the profiler's (CUPTI) span from the first kernel's start to the last kernel's end of a "
+         "replay, the figure a timeline shows; replay us = CUDA events around each replay, which adds the "
+         "graph launch (a few us, the same for every contender); cold = L2 flushed (256 MB write) before "
+         "each run, hot = back-to-back replays; medians"
          if cuda else "timing: Python calls on the CPU (no graphs, no torch.compile, no fusegraph)"),
         "kernels: GPU kernels of one run counted with torch.profiler (memcpy/memset listed apart)",
         "eager: torch.backends.cudnn.benchmark = True; its code is YOLOv5's Detect (view, permute, contiguous, sigmoid)",
     ]
-    footnotes = ["floor / cold median: the share of the bytes floor each contender reaches (100% = at the copy bandwidth)"]
+    footnotes = ["floor / GPU cold: the share of the bytes floor each contender reaches (100% = at the copy bandwidth)",
+                 "fusegraph faster by: the contender's GPU time over fusegraph's, L2 cold / L2 hot"]
     name = args.name or ("head" if cuda else "head-cpu")
     write_results(name, "YOLOv5s detection head: conv 1x1 + bias -> reshape -> transpose -> sigmoid", device,
                   tables, notes, footnotes, save=not args.no_save)

@@ -14,6 +14,9 @@ cache when one run follows another. So:
 * `time_calls` times a Python callable as it is really used (eager PyTorch, torch.compile):
   batches of back-to-back calls between two events, per-call time = batch time / calls. It
   includes Python and launch overhead whenever the CPU, not the GPU, is the bottleneck.
+* `kernel_time` reads each run's GPU time from the profiler's kernel records (first kernel's
+  start to last kernel's end), leaving out the graph launch that `time_gpu`'s events include:
+  for a run of one 5 us kernel, that launch is a large share of the event time.
 * `count_kernels` counts the GPU kernels of one run with torch.profiler (copies and memsets
   counted apart).
 * `copy_bandwidth` measures a large device-to-device copy once, the practical memory ceiling
@@ -257,6 +260,67 @@ def copy_bandwidth(device: torch.device | str = "cuda", nbytes: int = 1 << 30, i
     if is_cuda(device):
         torch.cuda.empty_cache()
     return 2 * nbytes / statistics.median(times)
+
+
+def _gpu_records(fn: Callable[[], Any]) -> list[tuple[str, float, float]]:
+    """(name, start us, end us) of every GPU kernel, copy and memset that `fn` ran, in start order.
+
+    Read from torch.profiler (CUPTI), which also reports the kernels of CUDA-graph replays.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the profiler's notes about its event buffers
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    records = []
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            start = ev.time_range.start
+            records.append((ev.name, float(start), float(start + ev.time_range.elapsed_us())))
+    return sorted(records, key=lambda r: r[1])
+
+
+def kernel_time(run: Callable[[], Any], *, iters: int = 200, warmup: int = 20, flush_l2: bool = False,
+                device: torch.device | str = "cuda") -> Timing | None:
+    """GPU time of one run read from the profiler: first kernel's start to last kernel's end.
+
+    Unlike `time_gpu`, this leaves out the graph launch and the event records around it: it
+    is the time the run's kernels occupy the GPU, gaps between them included, the figure a
+    profiler timeline shows. With `flush_l2` every run follows an L2 flush. None when the
+    profiler's records cannot be split into runs (a run whose kernel count varies).
+    """
+    if not is_cuda(device):
+        return None
+    flusher = L2Flusher(device) if flush_l2 else None
+    for _ in range(warmup):
+        run()
+    per_run = len(_gpu_records(run))
+    flush_names = [r[0] for r in _gpu_records(flusher)] if flusher else []
+    if per_run == 0:
+        return None
+
+    def runs() -> None:
+        for _ in range(iters):
+            if flusher is not None:
+                flusher()
+            run()
+
+    records = _gpu_records(runs)
+    group = len(flush_names) + per_run
+    if len(records) != iters * group:
+        return None
+    samples = []
+    for i in range(iters):
+        chunk = records[i * group:(i + 1) * group]
+        if [r[0] for r in chunk[:len(flush_names)]] != flush_names:
+            return None
+        mine = chunk[len(flush_names):]
+        samples.append(max(r[2] for r in mine) - mine[0][1])
+    method = "profiler: first kernel start to last kernel end" + (", L2 flushed" if flush_l2 else "")
+    return Timing.from_samples(samples, method)
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Callable
 
 from fusegraph.errors import FusegraphError
 from fusegraph.ir.dtypes import DType
-from fusegraph.ir.index_expr import Expr, Var, bounds, free_vars, substitute, to_source
+from fusegraph.ir.index_expr import Expr, Sum, Var, bounds, free_vars, substitute, to_source
 from fusegraph.ir.index_map import linear_offset
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape
@@ -79,7 +79,56 @@ class Tile:
     memo: dict = field(default_factory=dict)
 
     def code(self, e: Expr) -> str:
-        return to_source(e, self.names)
+        """Source of `e` on this tile, its sum's terms grouped by the tile axes they use.
+
+        Each group is added up on its own broadcast shape ([BM, 1], [1, BK] or a scalar) and
+        only the sums of groups run on the whole tile: an im2col address with five terms then
+        costs one add per element instead of four, which decides the speed of a convolution
+        whose input is gathered element by element.
+        """
+        groups = self._groups(e)
+        if len(groups) < 2:
+            return to_source(e, self.names)
+        return "(" + " + ".join(to_source(g, self.names) for g in groups) + ")"
+
+    def range_conds(self, e: Expr, lo: int, hi: int) -> list[str]:
+        """Masks keeping `e` in [lo, hi), leaving out a side its bounds already guarantee.
+
+        `a + b >= lo` is written `b >= lo - a` with `a` the first group of `e`'s terms, so the
+        comparison is the only operation on the whole tile.
+        """
+        blo, bhi = bounds(e)
+        groups = self._groups(e)
+        if len(groups) < 2:
+            left, shift = self.code(e), ""
+        else:
+            rest = groups[1:]
+            left = to_source(rest[0], self.names) if len(rest) == 1 else "(" + " + ".join(
+                to_source(g, self.names) for g in rest) + ")"
+            shift = f" - {to_source(groups[0], self.names)}"
+        out = []
+        if blo < lo:
+            out.append(f"({left} >= {lo}{shift})")
+        if bhi >= hi:
+            out.append(f"({left} < {hi}{shift})")
+        return out
+
+    def _groups(self, e: Expr) -> list[Expr]:
+        """The terms of a sum grouped by the tile axes they use, one-axis groups first (the
+        constant and scalar terms join the first); a single group when there is nothing to split."""
+        if not isinstance(e, Sum):
+            return [e]
+        by_axes: dict[frozenset[str], list[tuple[Expr, int]]] = {}
+        for atom, coeff in e.terms:
+            axes = frozenset(v.name for v in free_vars(atom) if v.name in self.bounds)
+            by_axes.setdefault(axes, []).append((atom, coeff))
+        scalars = by_axes.pop(frozenset(), [])
+        keys = sorted(by_axes, key=lambda k: (len(k), sorted(k)))
+        if len(keys) < 2:
+            return [e]
+        groups = [by_axes[k] for k in keys]
+        groups[0] = groups[0] + scalars
+        return [Sum(e.const if i == 0 else 0, g) for i, g in enumerate(groups)]
 
     @property
     def dims(self) -> set[str]:
@@ -194,12 +243,9 @@ class KernelWriter:
         used: set[str] = set()
         for e, lo, hi in ins.op.attrs["domain"]:
             x = substitute(e, mapping, check=False)
-            blo, bhi = bounds(x)
-            if blo < lo:
-                conds.append(f"({tile.code(x)} >= {lo})")
-            if bhi >= hi:
-                conds.append(f"({tile.code(x)} < {hi})")
-            if blo < lo or bhi >= hi:
+            checks = tile.range_conds(x, lo, hi)
+            conds += checks
+            if checks:
                 used |= self._vars_of([x]) & tile.dims
         return conds, used
 

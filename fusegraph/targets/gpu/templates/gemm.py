@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from fusegraph.ir.dtypes import DType
-from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, bounds, subexpressions, substitute
+from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, free_vars, subexpressions, substitute
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
@@ -149,20 +149,15 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
     tb = Tile({"rk": "rk[:, None]", "rn": "rn[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
               {"rk": k_bounds[1], "rn": n_bound})
-    conds = []
-    for e, lo, hi in spec.a_valid:
-        blo, bhi = bounds(e)
-        if blo < lo:
-            conds.append(f"({ta.code(e)} >= {lo})")
-        if bhi >= hi:
-            conds.append(f"({ta.code(e)} < {hi})")
+    conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
     a_in, b_in = anchor.inputs
     w.raw_loads = {id(x) for x in anchor.inputs if x.op.name == "load"}
     av = w.value(a_in, ta, spec.a_index, tuple(conds))
     if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
         av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
     bv = w.value(b_in, tb, spec.b_index)
-    if not spec.taps:  # lanes past k must add nothing, also where an operand's index ignores k
+    a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+    if not spec.taps and not a_masked:  # lanes past k must add nothing, also where A's index ignores k
         av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
     operand = TRITON_TYPES[dtype]
     if interpret and dtype == DType.bfloat16:

@@ -7,20 +7,12 @@ which padded position (a range check, or a clamped/reflected index), which gathe
 
 from __future__ import annotations
 
-from fusegraph.ir.index_expr import Expr, bounds
+from fusegraph.ir.index_expr import Expr
 from fusegraph.ir.program import Instruction
 from fusegraph.ops.pointwise import literal
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelWriter, Tile, var
 
 
-def _in_range(tile: Tile, e: Expr, lo: int, hi: int) -> list[str]:
-    blo, bhi = bounds(e)
-    out = []
-    if blo < lo:
-        out.append(f"({tile.code(e)} >= {lo})")
-    if bhi >= hi:
-        out.append(f"({tile.code(e)} < {hi})")
-    return out
 
 
 def emit_concat(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str:
@@ -32,7 +24,7 @@ def emit_concat(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> 
         if n == 0:
             continue
         e = index[axis] - offset
-        conds = tuple(_in_range(tile, e, 0, n))
+        conds = tuple(tile.range_conds(e, 0, n))
         v = w.value(x, tile, (*index[:axis], e, *index[axis + 1:]), conds)
         result = v if result is None else w.let(f"tl.where({' & '.join(conds)}, {v}, {result})")
         offset += n
@@ -60,7 +52,7 @@ def emit_pad(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str
     if a["mode"] == "constant":
         conds: list[str] = []
         for d in range(r):
-            conds += _in_range(tile, src[d], 0, X[d])
+            conds += tile.range_conds(src[d], 0, X[d])
         v = w.value(x, tile, tuple(src), tuple(conds))
         return w.let(f"tl.where({' & '.join(conds)}, {v}, {literal(a['value'])})") if conds else v
     if any(p < 0 for p in pads):
@@ -68,7 +60,7 @@ def emit_pad(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str
     cur = tile
     idx: list[Expr] = []
     for d in range(r):
-        if not _in_range(tile, src[d], 0, X[d]):
+        if not tile.range_conds(src[d], 0, X[d]):
             idx.append(src[d])
             continue
         c, n = tile.code(src[d]), X[d]

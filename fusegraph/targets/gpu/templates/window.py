@@ -8,21 +8,14 @@ from __future__ import annotations
 
 import math
 
-from fusegraph.ir.index_expr import Expr, bounds
+from fusegraph.ir.index_expr import Expr
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction
 from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile, var
 
 
 def _range_conds(tile: Tile, checks: list[tuple[Expr, int, int]]) -> list[str]:
-    conds = []
-    for e, lo, hi in checks:
-        blo, bhi = bounds(e)
-        if blo < lo:
-            conds.append(f"({tile.code(e)} >= {lo})")
-        if bhi >= hi:
-            conds.append(f"({tile.code(e)} < {hi})")
-    return conds
+    return [c for e, lo, hi in checks for c in tile.range_conds(e, lo, hi)]
 
 
 def _window_tile(outer: Tile, loop_var: str) -> Tile:
