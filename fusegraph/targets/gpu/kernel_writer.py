@@ -135,6 +135,19 @@ class Tile:
         """The variables that index the tile (others are data-dependent indices)."""
         return set(self.bounds)
 
+    def conjunction(self, conds: list[str]) -> str:
+        """`conds` joined with `&`, those over the same tile axes first among themselves.
+
+        Conditions over one axis are [BM, 1] or [1, BN] vectors: combined first, they cost a
+        vector op each, and only the groups' combination runs on the whole tile. Tile-shaped
+        groups come before scalar ones (a scalar on the left of `&` trips the interpreter).
+        """
+        groups: dict[frozenset[str], list[str]] = {}
+        for c in _dedupe(conds):
+            groups.setdefault(frozenset(v for v in self.bounds if self.names[v] in c), []).append(c)
+        order = sorted(groups, key=lambda axes: (not axes, len(axes), sorted(axes)))
+        return " & ".join(groups[a][0] if len(groups[a]) == 1 else f"({' & '.join(groups[a])})" for a in order)
+
     def mask_for(self, used: set[str]) -> list[str]:
         return [m for v, m in self.bounds.items() if v in used and m is not None]
 
@@ -226,7 +239,7 @@ class KernelWriter:
         conds = tile.mask_for(used) + dconds + list(mask)
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(used - addr_vars)}"
         if conds:
-            code = f"tl.load({ptr}, mask={' & '.join(_dedupe(conds))}, other=0)"
+            code = f"tl.load({ptr}, mask={tile.conjunction(conds)}, other=0)"
         else:
             code = f"tl.load({ptr})"
         dtype = ins.shape.dtype
@@ -237,17 +250,25 @@ class KernelWriter:
     def domain_conds(self, ins: Instruction, tile: Tile, index: Index) -> tuple[list[str], set[str]]:
         """Conditions of a load's or store's domain at `index`, and the tile variables they use;
         a condition the index ranges already guarantee is left out."""
-        m = ins.op.attrs["map"]
-        mapping = {v.name: x for v, x in zip(m.out_vars, index)}
         conds: list[str] = []
         used: set[str] = set()
+        for x, lo, hi in self.domain_ranges(ins, tile, index):
+            conds += tile.range_conds(x, lo, hi)
+            used |= self._vars_of([x]) & tile.dims
+        return conds, used
+
+    @staticmethod
+    def domain_ranges(ins: Instruction, tile: Tile, index: Index) -> list[tuple[Expr, int, int]]:
+        """The (expression, lo, hi) ranges of a load's or store's domain at `index` that the
+        index ranges do not already guarantee."""
+        m = ins.op.attrs["map"]
+        mapping = {v.name: x for v, x in zip(m.out_vars, index)}
+        out = []
         for e, lo, hi in ins.op.attrs["domain"]:
             x = substitute(e, mapping, check=False)
-            checks = tile.range_conds(x, lo, hi)
-            conds += checks
-            if checks:
-                used |= self._vars_of([x]) & tile.dims
-        return conds, used
+            if tile.range_conds(x, lo, hi):
+                out.append((x, lo, hi))
+        return out
 
     def _pointwise(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
         operands = [self.value(x, tile, index, mask) for x in ins.inputs]
@@ -278,20 +299,25 @@ class KernelWriter:
         addresses under different domains (the pieces of a concat that one kernel writes, as
         the detection head's xy, wh and class columns) become one store of a selected value."""
         common = tile.mask_for(tile.dims)
-        for ptr, group in itertools.groupby(self._store_parts(ins, tile, index, mask), key=lambda p: p[0]):
+        for ptr, group in itertools.groupby(self._store_parts(ins, tile, index), key=lambda p: p[0]):
             parts = list(group)
-            _, value, conds = parts[0]
+            _, value, conds, _ = parts[0]
             if len(parts) > 1:  # later stores win where domains overlap, as they would in sequence
-                for _, v, c in parts[1:]:
+                for _, v, c, _ in parts[1:]:
                     value = f"tl.where({_all(c)}, {v}, {value})"
-                conds = [f"({' | '.join(f'({_all(c)})' for _, _, c in parts)})"]
-            mask_code = " & ".join(_dedupe(common + conds))
+                ranges = [r for _, _, _, r in parts]
+                conds = [] if _cover(ranges) else [f"({' | '.join(f'({_all(c)})' for _, _, c, _ in parts)})"]
+            dtype = self.buffer(self.root_buffer(ins))[1].dtype  # selected first, converted once
+            value = f"{value}.to({TRITON_TYPES[dtype]})" if dtype != DType.bool else f"({value} != 0)"
+            mask_code = tile.conjunction(common + conds + list(mask))
             self.emit(f"tl.store({ptr}, {value}, mask={mask_code})" if mask_code else f"tl.store({ptr}, {value})")
 
-    def _store_parts(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> list[tuple[str, str, list[str]]]:
-        """(pointer, value, conditions beyond the tile's bounds) of each store of a chain, in order."""
+    def _store_parts(self, ins: Instruction, tile: Tile,
+                     index: Index) -> list[tuple[str, str, list[str], list[tuple[Expr, int, int]]]]:
+        """(pointer, value, conditions beyond the tile's bounds, their ranges) of each store of
+        a chain, in order."""
         dest = ins.inputs[0]
-        parts = self._store_parts(dest, tile, index, mask) if dest.op.name == "store" else []
+        parts = self._store_parts(dest, tile, index) if dest.op.name == "store" else []
         arg, shape = self.buffer(self.root_buffer(dest))
         m = ins.op.attrs["map"]
         idx = m.apply(index, check=False)
@@ -300,9 +326,8 @@ class KernelWriter:
         # `mask` (split-k's last program) guards the store only: the values' loads keep the
         # shapes of their own indices (a bias row is read once per column, not per element)
         value = self.value(ins.inputs[1], tile, index)
-        value = f"{value}.to({TRITON_TYPES[shape.dtype]})" if shape.dtype != DType.bool else f"({value} != 0)"
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(tile.dims - self._vars_of([addr]))}"
-        parts.append((ptr, value, dconds + list(mask)))
+        parts.append((ptr, value, dconds, self.domain_ranges(ins, tile, index)))
         return parts
 
     @staticmethod
@@ -326,6 +351,21 @@ def _dedupe(items: list[str]) -> list[str]:
         if x not in seen:
             seen.append(x)
     return seen
+
+
+def _cover(ranges: list[list[tuple[Expr, int, int]]]) -> bool:
+    """Whether stores with these domains (one range each, on one expression) together cover
+    every value the expression takes: a concat's pieces written by one kernel, whose union
+    needs no mask of its own."""
+    if any(len(r) != 1 for r in ranges) or len({r[0][0] for r in ranges}) != 1:
+        return False
+    x = ranges[0][0][0]
+    reach, top = bounds(x)
+    for _, lo, hi in sorted((r[0] for r in ranges), key=lambda r: (r[1], r[2])):
+        if lo > reach:
+            return False
+        reach = max(reach, hi)
+    return reach > top
 
 
 def _all(conds: list[str]) -> str:

@@ -196,8 +196,9 @@ def _split_k_fixup(w: KernelWriter) -> None:
     workspace, and the last to arrive (a counter per tile) takes the sum, resets the workspace
     and counter to zero for the next run, and alone runs the epilogue. One kernel still, and
     small batch-1 layers get enough programs to fill the GPU."""
-    # `last` is a full tile: a scalar condition in a mask trips Triton's interpreter
-    w.emit("last = tl.full([BM, BN], 1, tl.int1) & (pid_k == 0)")
+    # `last` is a [1, 1] tile: a scalar condition in a mask trips Triton's interpreter, and
+    # a full one would cost an operation per element in every mask it joins
+    w.emit("last = tl.full([1, 1], 1, tl.int1) & (pid_k == 0)")
     w.emit("if SPLIT > 1:")
     w.indent += 1
     w.emit("tile = (gz * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m")
@@ -205,7 +206,7 @@ def _split_k_fixup(w: KernelWriter) -> None:
     w.emit('tl.atomic_add(wp, acc, sem="relaxed")')
     w.emit('seen = tl.atomic_add(cnt + tile, 1, sem="acq_rel")')
     w.emit("is_last = seen == SPLIT - 1")
-    w.emit("last = tl.full([BM, BN], 1, tl.int1) & is_last")
+    w.emit("last = tl.full([1, 1], 1, tl.int1) & is_last")
     # read the sum through the atomic unit (an add of zero), then clear it for the next run
     w.emit('acc = tl.atomic_add(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last, sem="relaxed")')
     w.emit("tl.store(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last)")
