@@ -94,23 +94,16 @@ class Tile:
     def range_conds(self, e: Expr, lo: int, hi: int) -> list[str]:
         """Masks keeping `e` in [lo, hi), leaving out a side its bounds already guarantee.
 
-        `a + b >= lo` is written `b >= lo - a` with `a` the first group of `e`'s terms, so the
-        comparison is the only operation on the whole tile.
+        The comparison stays on the whole sum (`a + b >= lo`, not `b >= lo - a`): Triton then
+        sees the mask constant along contiguous runs and pipelines a gathered operand with
+        asynchronous copies (the first YOLOv5s convolution's input, two elements per copy).
         """
         blo, bhi = bounds(e)
-        groups = self._groups(e)
-        if len(groups) < 2:
-            left, shift = self.code(e), ""
-        else:
-            rest = groups[1:]
-            left = to_source(rest[0], self.names) if len(rest) == 1 else "(" + " + ".join(
-                to_source(g, self.names) for g in rest) + ")"
-            shift = f" - {to_source(groups[0], self.names)}"
         out = []
         if blo < lo:
-            out.append(f"({left} >= {lo}{shift})")
+            out.append(f"({self.code(e)} >= {lo})")
         if bhi >= hi:
-            out.append(f"({left} < {hi}{shift})")
+            out.append(f"({self.code(e)} < {hi})")
         return out
 
     def _groups(self, e: Expr) -> list[Expr]:
