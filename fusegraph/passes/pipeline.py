@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from fusegraph.ir.program import Program
+from fusegraph.passes.compact_literals import CompactLiterals
 from fusegraph.passes.constant_propagation import ConstantPropagation
 from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.eliminate_concat import EliminateConcat
@@ -27,7 +28,7 @@ def canonicalize_passes() -> list[Pass]:
     from fusegraph.passes.simplify_views import SimplifyViews
 
     return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), SimplifyViews(),
-            FoldIntoWeights(), ConstantPropagation(), EliminateIdentity(), DeadCodeElimination()]
+            FoldIntoWeights(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
 
 
 def fusion_passes() -> list[Pass]:

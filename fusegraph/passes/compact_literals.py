@@ -1,0 +1,45 @@
+"""Literal compaction: a constant that repeats along some axes becomes a broadcast of one slice.
+
+YOLOv5's exported head multiplies by `anchor_grid`, a [1, 3, H, W, 2] tensor that only varies
+with the anchor and the coordinate: stored whole, the fused head kernel loads it per output
+element; as a [1, 3, 1, 1, 2] literal behind a broadcast, the load's index ignores the pixel
+and the kernel reads a vector per tile. Runs after the last constant propagation, which
+would fold a small broadcast of a literal back into a full one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fusegraph.ir.program import Module
+from fusegraph.ops.base import OpKind
+from fusegraph.ops.views import MultiBroadcast
+
+
+def repeated_axes(value: np.ndarray) -> list[int]:
+    """Axes (longer than one) along which every slice equals the first."""
+    return [a for a, n in enumerate(value.shape) if n > 1 and bool(np.all(value == value.take([0], axis=a)))]
+
+
+class CompactLiterals:
+    name = "compact_literals"
+
+    def apply(self, module: Module) -> bool:
+        users = module.users()
+        changed = False
+        for ins in list(module.instructions):
+            if ins.op.name != "@literal" or ins.shape.elements < 2 or not users.get(ins):
+                continue
+            # only pointwise readers: a weight or an index operand keeps its own layout
+            if any(u.op.kind != OpKind.POINTWISE for u in users[ins]):
+                continue
+            value = ins.op.value  # type: ignore[attr-defined]
+            axes = repeated_axes(value)
+            if not axes:
+                continue
+            small = value[tuple(slice(0, 1) if a in axes else slice(None) for a in range(value.ndim))]
+            lit = module.make_literal(np.ascontiguousarray(small), origin=ins.origin)
+            module.insert_before(ins, lit)
+            module.replace(ins, module.make(MultiBroadcast(value.shape), [lit], ins.origin))
+            changed = True
+        return changed

@@ -1,0 +1,66 @@
+"""Literal compaction (passes/compact_literals.py): a constant that repeats along some axes is
+stored as one slice behind a broadcast, so fused kernels read a vector instead of a tile."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from fusegraph import parse_onnx
+from fusegraph.driver.inputs import random_inputs
+from fusegraph.passes.compact_literals import CompactLiterals, repeated_axes
+from fusegraph.passes.manager import run_passes
+from fusegraph.passes.pipeline import canonicalize_passes, fuse
+from tests.helpers import make_model, rand, rel_err
+
+
+def anchor_grid_model():
+    """YOLOv5's box-size step: sigmoid(x)*2 squared, times a [1, 3, H, W, 2] anchor grid that
+    only varies with the anchor and the coordinate."""
+    anchors = rand(1, 3, 1, 1, 2, seed=4, scale=10.0)
+    grid = np.ascontiguousarray(np.broadcast_to(anchors, (1, 3, 6, 5, 2)))
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "two"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["sq"]), helper.make_node("Mul", ["sq", "grid"], ["y"])]
+    return make_model(nodes, {"x": [1, 3, 6, 5, 2]}, ["y"], {"grid": grid, "two": np.array(2.0, np.float32)}), anchors
+
+
+def literals(program):
+    return [i for i in program.main if i.op.name == "@literal"]
+
+
+def test_repeated_axes_finds_only_axes_where_every_slice_is_equal():
+    v = np.broadcast_to(rand(3, 1, 2, seed=1), (3, 4, 2)).copy()
+    assert repeated_axes(v) == [1]
+    v[1, 2, 0] += 1.0  # one differing element breaks the repetition
+    assert repeated_axes(v) == []
+    assert repeated_axes(np.full((2, 3), 7.0)) == [0, 1]
+
+
+def test_anchor_grid_becomes_one_slice_behind_a_broadcast():
+    model, anchors = anchor_grid_model()
+    program = parse_onnx(model)
+    run_passes(program, canonicalize_passes())
+    grids = [i for i in literals(program) if i.shape.elements > 1]
+    assert [g.shape.lens for g in grids] == [(1, 3, 1, 1, 2)]
+    np.testing.assert_array_equal(grids[0].op.value, anchors)
+    users = [u for u in program.main if grids[0] in u.inputs]
+    assert [u.op.name for u in users] == ["multibroadcast"]
+    assert users[0].shape.lens == (1, 3, 6, 5, 2)
+
+
+def test_compacted_program_computes_what_the_original_does():
+    model, _ = anchor_grid_model()
+    plain, fused = parse_onnx(model), parse_onnx(model)
+    fuse(fused)
+    inputs = random_inputs(plain.input_shapes, seed=7)
+    want, got = plain.run(inputs), fused.run(inputs)
+    assert rel_err(got["y"], want["y"]) <= 1e-6
+
+
+def test_weights_keep_their_layout_even_when_they_repeat():
+    # a convolution weight equal across output channels is still the anchor's own operand
+    w = np.broadcast_to(rand(1, 2, 3, 3, seed=2), (4, 2, 3, 3)).copy()
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": [1, 2, 5, 5]}, ["y"], {"w": w})
+    program = parse_onnx(model)
+    assert not CompactLiterals().apply(program.main)
+    assert [i.shape.lens for i in literals(program)] == [(4, 2, 3, 3)]
