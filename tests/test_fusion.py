@@ -135,18 +135,23 @@ def test_yolov5_head_is_one_kernel_per_level(name, size):
         assert {"sigmoid", "mul", "pow", "add"} <= set(ops)
         assert k.shape.lens == (1, 3 * sum((size // s) ** 2 for s in (8, 16, 32)), 85)
         conv = next(i for i in k.op.module if i.op.name == "convolution")
-        assert conv.shape.lens == (1, 255, g, g)
-        # each branch stores conv element (0, c, h, w) at row offset + (c // 85) * g*g + h*g + w, column c % 85
+        # each anchor's 85 channels padded to 128 (pad_channel_groups): channel c = 128 * anchor + column
+        assert conv.shape.lens == (1, 384, g, g)
+        # each branch stores conv element (0, c, h, w) at row offset + (c // 128) * g*g + h*g + w, column c % 128
+        stored = np.zeros((384, g, g), int)
         for st in (i for i in k.op.module if i.op.name == "store"):
             m = st.op.attrs["map"]
-            c, h, w = np.meshgrid(np.arange(255), np.arange(g), np.arange(g), indexing="ij")
+            c, h, w = np.meshgrid(np.arange(384), np.arange(g), np.arange(g), indexing="ij")
             mask = np.ones(c.shape, bool)
             grid = {"i0": 0, "i1": c, "i2": h, "i3": w}
             from fusegraph.ops.fused import domain_mask
             mask = domain_mask(st.op.attrs["domain"], grid, c.shape)
             idx = m.evaluate((np.zeros_like(c), c, h, w))
-            assert (idx[1][mask] == rows + (c // 85)[mask] * g * g + (h * g + w)[mask]).all()
-            assert (idx[2][mask] == (c % 85)[mask]).all()
+            assert (idx[1][mask] == rows + (c // 128)[mask] * g * g + (h * g + w)[mask]).all()
+            assert (idx[2][mask] == (c % 128)[mask]).all()
+            stored += mask
+        # every real channel is stored exactly once, no padding channel ever
+        assert (stored == ((np.arange(384) % 128) < 85)[:, None, None]).all()
         rows += 3 * g * g
     # the three heads write the final output directly, one after the other
     assert program.main.returns == [heads[2]]

@@ -22,13 +22,14 @@ from fusegraph.passes.fuse_anchors import FuseAnchors, FuseMovement, FuseReducti
 from fusegraph.passes.fuse_pointwise import FusePointwise
 from fusegraph.passes.manager import Pass, PassReport, run_passes
 from fusegraph.passes.merge_siblings import MergeSiblings
+from fusegraph.passes.pad_channel_groups import PadChannelGroups
 
 
 def canonicalize_passes() -> list[Pass]:
     from fusegraph.passes.simplify_views import SimplifyViews
 
     return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), SimplifyViews(),
-            FoldIntoWeights(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
+            FoldIntoWeights(), PadChannelGroups(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
 
 
 def fusion_passes() -> list[Pass]:

@@ -103,7 +103,7 @@ def channel_period(module: Module, anchor: Instruction, spec: GemmSpec) -> int:
             for x in subexpressions(e):
                 if isinstance(x, (FloorDiv, Mod)) and x.arg == v:
                     periods.add(x.divisor)
-    fits = [p for p in periods if spec.n % p == 0 and p & (p - 1) and 16 < p <= 256 and spec.n > p]
+    fits = [p for p in periods if spec.n % p == 0 and 16 < p <= 256 and spec.n > p]
     return fits[0] if len(fits) == 1 and len(periods) == 1 else 0
 
 
@@ -145,7 +145,9 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         w.emit("rk = k0 + tl.arange(0, BK)")
         k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
     m_bound = f"(rm[:, None] < {spec.m})"
-    n_bound = f"(rn[None, :] < {period or spec.n})"
+    tile = max(16, 1 << (period - 1).bit_length()) if period else 0
+    # a period of a power of two fills its tile exactly: no bound, so Triton sees whole rows
+    n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
     ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
     tb = Tile({"rk": "rk[:, None]", "rn": "rn[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
               {"rk": k_bounds[1], "rn": n_bound})
@@ -182,7 +184,6 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     m, n, batch = spec.m, spec.n, spec.batch
     n_grid: tuple[int, str | None, str | None] = (n, "BN", None)
     if period:
-        tile = max(16, 1 << (period - 1).bit_length())
         configs = _period_configs(spec, tile) + [{**c, "BN": tile} for c in configs]
         configs = [c for k, c in enumerate(configs) if c not in configs[:k]]
         n_grid = (n // period, None, None)
