@@ -353,20 +353,9 @@ def count_kernels(fn: Callable[[], Any], device: torch.device | str = "cuda") ->
     """
     if not is_cuda(device):
         return None
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the profiler's notes about its event buffers
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
     names: collections.Counter = collections.Counter()
     memcpys = memsets = 0
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        name = ev.name
+    for name, _, _ in _gpu_records(fn):
         low = name.lower()
         if low.startswith("memcpy"):
             memcpys += 1
