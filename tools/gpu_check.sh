@@ -38,6 +38,7 @@ for s in $steps; do
     yolov5s_b32) step yolov5s_b32 timeout 150 $py bench/yolov5s.py --batch 32 --quick ;;
     yolov5s_b32_full) step yolov5s_b32_full timeout 200 $py bench/yolov5s.py --batch 32 --only fusegraph,eager-graph,compile ;;
     yolov5s_b1_max_autotune) step yolov5s_b1_max_autotune timeout 420 $py bench/yolov5s.py --batch 1 --max-autotune --only fusegraph,compile-max-autotune ;;
+    yolov5s_b32_max_autotune) step yolov5s_b32_max_autotune timeout 540 $py bench/yolov5s.py --batch 32 --max-autotune --only fusegraph,compile-max-autotune ;;
     node_subset) step node_subset timeout 120 $py -m pytest -q -p no:cacheprovider -rfE tests/test_conformance_gpu.py -k "${NODE_K:-double}" ;;
     node_tests) step node_tests timeout 200 $py -m pytest -q -p no:cacheprovider -n 15 -rfE -m "not slow" tests/test_conformance_gpu.py ;;
     kernel_tests_fast) step kernel_tests_fast timeout 150 $py -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/test_gpu_kernels.py tests/test_gpu_zoo.py tests/test_gpu_cli.py ;;
