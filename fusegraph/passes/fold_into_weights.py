@@ -46,14 +46,18 @@ def _rescale(module: Module, anchor: Instruction, scale: np.ndarray) -> Instruct
     return new
 
 
-def _add_bias(module: Module, before: Instruction, out: Instruction, bias: np.ndarray, axis: int) -> Instruction:
+def add_bias(module: Module, before: Instruction, out: Instruction, bias: np.ndarray, axis: int,
+             origin: str | None = None) -> Instruction:
+    """`out + bias` (a vector along `axis`, broadcast), placed before `before`; the new
+    instructions take `origin` (default: `before`'s)."""
+    origin = before.origin if origin is None else origin
     shape = [1] * out.shape.ndim
     shape[axis] = -1
-    lit = module.make_literal(bias.astype(out.shape.dtype.numpy).reshape(shape), origin=before.origin)
+    lit = module.make_literal(bias.astype(out.shape.dtype.numpy).reshape(shape), origin=origin)
     module.insert_before(before, lit)
-    b = module.make(MultiBroadcast(out.shape.lens), [lit], before.origin)
+    b = module.make(MultiBroadcast(out.shape.lens), [lit], origin)
     module.insert_before(before, b)
-    add = module.make(make_op("add"), [out, b], before.origin)
+    add = module.make(make_op("add"), [out, b], origin)
     module.insert_before(before, add)
     return add
 
@@ -99,7 +103,7 @@ class FoldIntoWeights:
         scale, beta, mean, var = (p.astype(np.float64) for p in params)  # type: ignore[union-attr]
         s = scale / np.sqrt(var + bn.op.epsilon)  # type: ignore[attr-defined]
         new = _rescale(module, anchor, s)
-        out = _add_bias(module, bn, new, (b0.astype(np.float64) - mean) * s + beta, axis)
+        out = add_bias(module, bn, new, (b0.astype(np.float64) - mean) * s + beta, axis)
         module.replace_uses(bn, out)
         return True
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import make_op
-from fusegraph.ops.views import MultiBroadcast, Reshape, Slice
+from fusegraph.ops.views import Reshape, Slice
+from fusegraph.passes.fold_into_weights import add_bias
 from fusegraph.passes.literal_values import broadcast_literal
 
 MAX_GROUP = 256  # wider groups gain nothing: a tile is at most this wide
@@ -50,16 +50,17 @@ class PadChannelGroups:
     name = "pad_channel_groups"
 
     def apply(self, module: Module) -> bool:
+        # a rewrite replaces only its own chain, so the other convolutions' readers stay valid
+        users = module.users()
         changed = False
         for conv in list(module.instructions):
-            if self._rewrite(module, conv):
+            if self._rewrite(module, conv, users):
                 changed = True
         return changed
 
-    def _rewrite(self, module: Module, conv: Instruction) -> bool:
+    def _rewrite(self, module: Module, conv: Instruction, users: dict[Instruction, list[Instruction]]) -> bool:
         if conv.op.name != "convolution" or conv.op.attrs["group"] != 1 or conv.inputs[1].op.name != "@literal":
             return False
-        users = module.users()
         chain = [conv]
         bias = None
         (nxt, *more) = users.get(conv, []) or [None]
@@ -91,13 +92,8 @@ class PadChannelGroups:
         out = module.make(conv.op, [conv.inputs[0], w_lit], conv.origin)
         module.insert_before(conv, out)
         if bias is not None:
-            b_value = np.broadcast_to(bias, (1, conv.shape.lens[1], *bias.shape[2:]))
-            b_lit = module.make_literal(_pad_rows(np.ascontiguousarray(b_value), groups, size, 1), origin=chain[1].origin)
-            module.insert_before(nxt, b_lit)
-            b = module.make(MultiBroadcast(out.shape.lens), [b_lit], chain[1].origin)
-            module.insert_before(nxt, b)
-            out = module.make(make_op("add"), [out, b], chain[1].origin)
-            module.insert_before(nxt, out)
+            vector = np.broadcast_to(bias.reshape(-1), (conv.shape.lens[1],))
+            out = add_bias(module, nxt, out, _pad_rows(vector, groups, size, 0), 1, origin=chain[1].origin)
         dims = list(nxt.op.attrs["dims"])
         dims[2] = padded(size)
         r = module.make(Reshape(dims), [out], nxt.origin)

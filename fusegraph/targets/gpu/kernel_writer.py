@@ -245,13 +245,13 @@ class KernelWriter:
         a condition the index ranges already guarantee is left out."""
         conds: list[str] = []
         used: set[str] = set()
-        for x, lo, hi in self.domain_ranges(ins, tile, index):
+        for x, lo, hi in self.domain_ranges(ins, index):
             conds += tile.range_conds(x, lo, hi)
             used |= self._vars_of([x]) & tile.dims
         return conds, used
 
     @staticmethod
-    def domain_ranges(ins: Instruction, tile: Tile, index: Index) -> list[tuple[Expr, int, int]]:
+    def domain_ranges(ins: Instruction, index: Index) -> list[tuple[Expr, int, int]]:
         """The (expression, lo, hi) ranges of a load's or store's domain at `index` that the
         index ranges do not already guarantee."""
         m = ins.op.attrs["map"]
@@ -259,7 +259,8 @@ class KernelWriter:
         out = []
         for e, lo, hi in ins.op.attrs["domain"]:
             x = substitute(e, mapping, check=False)
-            if tile.range_conds(x, lo, hi):
+            blo, bhi = bounds(x)
+            if blo < lo or bhi >= hi:
                 out.append((x, lo, hi))
         return out
 
@@ -302,6 +303,8 @@ class KernelWriter:
                 conds = [] if _cover(ranges) else [f"({' | '.join(f'({_all(c)})' for _, _, c, _ in parts)})"]
             dtype = self.buffer(self.root_buffer(ins))[1].dtype  # selected first, converted once
             value = f"{value}.to({TRITON_TYPES[dtype]})" if dtype != DType.bool else f"({value} != 0)"
+            # `mask` (split-k's last program) guards the store only: the values' loads keep the
+            # shapes of their own indices (a bias row is read once per column, not per element)
             mask_code = tile.conjunction(common + conds + list(mask))
             self.emit(f"tl.store({ptr}, {value}, mask={mask_code})" if mask_code else f"tl.store({ptr}, {value})")
 
@@ -315,12 +318,11 @@ class KernelWriter:
         m = ins.op.attrs["map"]
         idx = m.apply(index, check=False)
         addr = linear_offset(idx, shape.strides, shape.offset)
-        dconds, _ = self.domain_conds(ins, tile, index)
-        # `mask` (split-k's last program) guards the store only: the values' loads keep the
-        # shapes of their own indices (a bias row is read once per column, not per element)
+        ranges = self.domain_ranges(ins, index)
+        dconds = [c for x, lo, hi in ranges for c in tile.range_conds(x, lo, hi)]
         value = self.value(ins.inputs[1], tile, index)
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(tile.dims - self._vars_of([addr]))}"
-        parts.append((ptr, value, dconds, self.domain_ranges(ins, tile, index)))
+        parts.append((ptr, value, dconds, ranges))
         return parts
 
     @staticmethod

@@ -23,7 +23,8 @@ TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
 
 
 def choose_weight_layouts(main: Module, plan: MemoryPlan) -> None:
-    """Give each literal that only 2-d convolutions read as plain weights the tap-major layout."""
+    """Store [kh, kw, C, M] each literal that only 2-d convolutions read as plain weights, when
+    their output channels per group are a multiple of 8."""
     from fusegraph.targets.gpu.codegen import find_anchor
 
     wanted: dict[int, bool] = {}

@@ -248,7 +248,7 @@ def _configs(spec: GemmSpec) -> list[dict[str, int]]:
     Small problems (batch-1 feature maps of 20x20 or 40x40) need small tiles and split-k to give
     the 132 multiprocessors enough programs; large ones want large tiles for reuse. The order
     comes from timing every candidate of YOLOv5s's kernels on an H200 (FUSEGRAPH_TUNING_REPORT):
-    the default tune times the first four.
+    the default tune times the first DEFAULT_TUNE_CONFIGS (compiler.py).
     """
     kmax = 64
     if spec.taps:

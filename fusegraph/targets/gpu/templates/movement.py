@@ -13,8 +13,6 @@ from fusegraph.ops.pointwise import literal
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelWriter, Tile, var
 
 
-
-
 def emit_concat(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str:
     axis = ins.op.attrs["axis"]
     result = None
