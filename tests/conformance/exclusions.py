@@ -29,6 +29,11 @@ EXCLUDED: dict[str, str] = {
     "test_attention_4d_causal_fp16_expanded": "float16 rounding: 2 of 192 outputs 2 ULPs from onnx's per-op-rounded reference (ours is closer to exact)",
 }
 
+#: excluded cases whose outcome depends on the host's BLAS (NumPy's matmul sums in an order
+#: chosen per processor): they may pass on one machine and not on another, so passing is no
+#: reason to fail the suite. squeezenet passes on some Xeons with NumPy 2.4.6's OpenBLAS 0.3.31.
+ORDER_DEPENDENT = {"test_squeezenet"}
+
 #: gpu target: test name -> one-line reason. Only precision differences that the gpu target's
 #: arithmetic (fp32 accumulation and math in a kernel, float16 rounded once at the store) cannot
 #: avoid; a wrong kernel is a failure, never an entry here.
