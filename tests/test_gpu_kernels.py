@@ -105,34 +105,6 @@ def test_detection_head_writes_final_layout():
     assert body.count("tl.store(out") == 1 and "tl.where(" in body
 
 
-def _head(cin: int, h: int, w: int, per: int = 17):
-    """conv 1x1 to 3 x `per` channels -> reshape -> transpose -> sigmoid, as the head's levels."""
-    nodes = [node("Conv", ["x", "wt", "b"], ["c"], kernel_shape=[1, 1]), node("Reshape", ["c", "shape"], ["r"]),
-             node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 4, 2]), node("Sigmoid", ["t"], ["y"])]
-    inits = {"wt": rand(3 * per, cin, 1, 1, seed=1, scale=cin ** -0.5), "b": rand(3 * per, seed=2),
-             "shape": np.array([1, 3, per, h, w], np.int64)}
-    return make_model(nodes, {"x": [1, cin, h, w]}, ["y"], inits)
-
-
-def test_head_rows_stored_flat_under_every_config():
-    """The flat row store (a gather of the tile, a bound on the program's last rows, split-k's
-    `last` flag) is right for every candidate tile, split-k ones included, where the feature
-    map (15 pixels) ends inside a tile. Rows of 17 float32 values start at every alignment."""
-    m = _head(cin=512, h=3, w=5)
-    program = parse_onnx(m)
-    compiled = program.compile(target="gpu", tune=False)
-    (k,) = compiled.kernels
-    assert "tl.gather(" in k.src.body
-    assert any(c["SPLIT"] > 1 for c in k.src.configs), k.src.configs
-    rng = np.random.default_rng(11)
-    for config in k.src.configs:
-        k.config = config
-        x = rng.standard_normal((1, 512, 3, 5)).astype(np.float32)
-        compiled.poison()
-        got = compiled.run({"x": x})["y"]
-        assert rel_err(got, program.run({"x": x})["y"]) < TOL, config
-
-
 @pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0)])
 def test_matmul(a, b, trans_b):
     if len(a) == 2:

@@ -18,7 +18,7 @@ from typing import Callable
 
 from fusegraph.errors import FusegraphError
 from fusegraph.ir.dtypes import DType
-from fusegraph.ir.index_expr import Expr, Sum, Var, bounds, coefficient, free_vars, substitute, to_source
+from fusegraph.ir.index_expr import Expr, Sum, Var, bounds, free_vars, substitute, to_source
 from fusegraph.ir.index_map import linear_offset
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape
@@ -147,26 +147,6 @@ class Tile:
     def zero_for(self, missing: set[str]) -> str:
         """A term adding no value but giving an expression the tile's full shape."""
         return "".join(f" + 0 * {self.names[v]}" for v in sorted(missing))
-
-
-@dataclass(frozen=True)
-class RowBlock:
-    """Where a 2-d tile's rows lie, for stores that fill whole rows of the output.
-
-    A detection-head program stores `BM` rows of 85 values whose rows are 85 apart in memory:
-    one contiguous block. Row by row, each row starts at another alignment and every element
-    is a 2-byte store; gathered in shared memory into one flat run (`tl.gather`), the block is
-    written with 16-byte stores. `row`/`col` are the tile variables, `first_row` the code of
-    the program's first row, `rows` the rows in all (None: the tile never overruns them) and
-    `cols` the columns the tile's bound lets through and `shape` the tile's block sizes.
-    """
-
-    row: str
-    col: str
-    first_row: str
-    rows: int | None
-    cols: int
-    shape: tuple[str, str]
 
 
 class KernelWriter:
@@ -308,77 +288,30 @@ class KernelWriter:
         return self.let(code)
 
     # -- stores ------------------------------------------------------------------------
-    def store(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...] = (),
-              rows: RowBlock | None = None) -> None:
+    def store(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...] = ()) -> None:
         """Emit `ins` (a store) and the stores it is chained to. Consecutive stores to the same
         addresses under different domains (the pieces of a concat that one kernel writes, as
-        the detection head's xy, wh and class columns) become one store of a selected value.
-        With `rows`, a store that fills whole rows of an odd width is written as a flat run."""
+        the detection head's xy, wh and class columns) become one store of a selected value."""
         common = tile.mask_for(tile.dims)
         for ptr, group in itertools.groupby(self._store_parts(ins, tile, index), key=lambda p: p[0]):
             parts = list(group)
-            _, value, conds, _, _ = parts[0]
+            _, value, conds, _ = parts[0]
             if len(parts) > 1:  # later stores win where domains overlap, as they would in sequence
-                for _, v, c, _, _ in parts[1:]:
+                for _, v, c, _ in parts[1:]:
                     value = f"tl.where({_all(c)}, {v}, {value})"
-                ranges = [p[3] for p in parts]
-                conds = [] if _cover(ranges) else [f"({' | '.join(f'({_all(p[2])})' for p in parts)})"]
+                ranges = [r for _, _, _, r in parts]
+                conds = [] if _cover(ranges) else [f"({' | '.join(f'({_all(c)})' for _, _, c, _ in parts)})"]
             dtype = self.buffer(self.root_buffer(ins))[1].dtype  # selected first, converted once
             value = f"{value}.to({TRITON_TYPES[dtype]})" if dtype != DType.bool else f"({value} != 0)"
-            width = self._row_width(parts, rows, dtype) if rows is not None else 0
-            if width:
-                self._store_rows(parts[0][4], width, value, tile, rows, mask)
-                continue
             # `mask` (split-k's last program) guards the store only: the values' loads keep the
             # shapes of their own indices (a bias row is read once per column, not per element)
             mask_code = tile.conjunction(common + conds + list(mask))
             self.emit(f"tl.store({ptr}, {value}, mask={mask_code})" if mask_code else f"tl.store({ptr}, {value})")
 
-    @staticmethod
-    def _row_width(parts: list, rows: RowBlock, dtype: DType) -> int:
-        """The row width W when the parts together store columns [0, W) of rows W apart (the
-        address is `base + W * row + col`) and W rows cannot be stored as aligned vectors;
-        0 when the flat store does not apply."""
-        arg, addr = parts[0][4]
-        width = coefficient(addr, rows.row)
-        if not width or coefficient(addr, rows.col) != 1 or (width * dtype.itemsize) % 16 == 0:
-            return 0
-        spans = []
-        for _, _, _, ranges, _ in parts:
-            lo, hi = 0, rows.cols
-            for x, a, b in ranges:
-                if not (isinstance(x, Var) and x.name == rows.col):
-                    return 0
-                lo, hi = max(lo, a), min(hi, b)
-            spans.append((lo, hi))
-        reach = 0
-        for lo, hi in sorted(spans):
-            if lo > reach:
-                return 0
-            reach = max(reach, hi)
-        return width if reach == width else 0
-
-    def _store_rows(self, target: tuple[str, Expr], width: int, value: str, tile: Tile, rows: RowBlock,
-                    mask: tuple[str, ...]) -> None:
-        """Store the tile's rows [first_row, first_row + BM) of `width` columns as one flat run."""
-        arg, addr = target
-        bm, bn = rows.shape
-        base = substitute(addr, {rows.row: 0, rows.col: 0}, check=False)
-        flat = self.let(f"tl.arange(0, {bm} * {bn})", "f")
-        keep = f"({flat} < {bm} * {width})"
-        index = f"tl.where({keep}, ({flat} // {width}) * {bn} + {flat} % {width}, 0)"
-        run = self.let(f"tl.gather(tl.reshape({value}, [{bm} * {bn}]), {index}, 0)", "run")
-        conds = [keep]
-        if rows.rows is not None:
-            conds.append(f"(({rows.first_row}) * {width} + {flat} < {rows.rows * width})")
-        conds += [f"tl.reshape({m}, [1])" for m in mask]
-        start = to_source(base, tile.names)
-        self.emit(f"tl.store({arg} + {start} + ({rows.first_row}) * {width} + {flat}, {run}, mask={' & '.join(conds)})")
-
     def _store_parts(self, ins: Instruction, tile: Tile,
-                     index: Index) -> list[tuple[str, str, list[str], list[tuple[Expr, int, int]], tuple[str, Expr]]]:
-        """(pointer, value, conditions beyond the tile's bounds, their ranges, (buffer, address))
-        of each store of a chain, in order."""
+                     index: Index) -> list[tuple[str, str, list[str], list[tuple[Expr, int, int]]]]:
+        """(pointer, value, conditions beyond the tile's bounds, their ranges) of each store of
+        a chain, in order."""
         dest = ins.inputs[0]
         parts = self._store_parts(dest, tile, index) if dest.op.name == "store" else []
         arg, shape = self.buffer(self.root_buffer(dest))
@@ -389,7 +322,7 @@ class KernelWriter:
         dconds = [c for x, lo, hi in ranges for c in tile.range_conds(x, lo, hi)]
         value = self.value(ins.inputs[1], tile, index)
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(tile.dims - self._vars_of([addr]))}"
-        parts.append((ptr, value, dconds, ranges, (arg, addr)))
+        parts.append((ptr, value, dconds, ranges))
         return parts
 
     @staticmethod

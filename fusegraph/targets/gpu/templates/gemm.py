@@ -19,8 +19,7 @@ from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, free_vars, subexpressio
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
-from fusegraph.targets.gpu.kernel_writer import (TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, RowBlock,
-                                                Tile, var)
+from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile, var
 
 
 @dataclass
@@ -176,10 +175,7 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     _split_k_fixup(w)
     te = Tile({"rm": "rm[:, None]", "rn": "rn[None, :]", "gz": "gz", "nq": "pid_n"}, {"rm": m_bound, "rn": n_bound})
     (ret,) = module.returns
-    # a period-aligned tile holds whole rows of its period: stored as flat runs where the rows
-    # are odd-sized (the detection head's 85), one row per output channel period
-    rows = RowBlock("rm", "rn", "pid_m * BM", spec.m, period, ("BM", "BN")) if period else None
-    w.store(ret, te, out_index, ("last",), rows)
+    w.store(ret, te, out_index, ("last",))
     args = w.arg_list() + ["ws", "cnt"]
     body = signature(name, args, ["BM", "BN", "BK", "SPLIT"]) + "\n" + "\n".join(w.lines) + "\n"
     configs = _configs(spec)
