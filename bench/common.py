@@ -121,7 +121,8 @@ class FusegraphRunner:
         return ""
 
 
-def compile_fusegraph(program: Program, device: torch.device, fp16: bool = True) -> tuple[FusegraphRunner | None, str]:
+def compile_fusegraph(program: Program, device: torch.device, fp16: bool = True,
+                      exhaustive_tune: bool = False) -> tuple[FusegraphRunner | None, str]:
     """Compile for the GPU; on failure (no GPU target yet, no CUDA, an error) None and the reason."""
     if device.type != "cuda":
         return None, "fusegraph's GPU target needs CUDA"
@@ -129,7 +130,7 @@ def compile_fusegraph(program: Program, device: torch.device, fp16: bool = True)
     if compile_fn is None:
         return None, "fusegraph has no Program.compile yet (GPU target not built)"
     try:
-        compiled = compile_fn(target="gpu", fp16=fp16)
+        compiled = compile_fn(target="gpu", fp16=fp16, exhaustive_tune=exhaustive_tune)
     except Exception as e:  # report, never abort the torch contenders
         traceback.print_exc()
         return None, f"compile failed: {first_line(e)}"

@@ -96,6 +96,8 @@ class Bench:
             model = with_batch(model, args.batch)
             base = fusegraph.parse_onnx(model, input_dims={INPUT: lens})
         self.onnx_model = model  # what every contender runs
+        if args.save_onnx:  # for `fusegraph perf` on the same graph (per-kernel times at batch 32)
+            onnx.save(model, args.save_onnx)
         self.program = base
         self.input_lens = lens
         gen = torch.Generator().manual_seed(args.seed)
@@ -223,7 +225,8 @@ def run_fusegraph(b: Bench) -> Result:
     r = Result("fusegraph", how="graph replay")
     t0 = time.perf_counter()
     program = fusegraph.parse_onnx(b.onnx_model, input_dims={INPUT: b.input_lens})
-    runner, reason = compile_fusegraph(program, b.device, fp16=b.dtype == torch.float16)
+    runner, reason = compile_fusegraph(program, b.device, fp16=b.dtype == torch.float16,
+                                       exhaustive_tune=b.args.exhaustive_tune)
     if runner is None:
         r.note = reason
         return r
@@ -258,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                         help='add torch.compile mode="max-autotune" (slow to compile; e.g. with --only compile-max-autotune)')
     parser.add_argument("--model", default="yolov5s", help="zoo model or .onnx path (default yolov5s)")
     parser.add_argument("--iters", type=int, default=200, help="timed runs per contender (default 200)")
+    parser.add_argument("--exhaustive-tune", action="store_true", help="fusegraph times every candidate config of each kernel")
+    parser.add_argument("--save-onnx", metavar="FILE", help="also write the (rebatched) ONNX graph the contenders run")
     args = parser.parse_args(argv)
     b = Bench(args)
     if b.cuda:
