@@ -238,6 +238,14 @@ def _period_configs(spec: GemmSpec, tile: int) -> list[dict[str, int]]:
     return [c for c in out if spec.taps or c["BK"] <= max(16, spec.k)]
 
 
+# Problems of at least this many 64x128 tiles (three waves on 132 multiprocessors: YOLOv5s at
+# batch 32) try these shapes first. From an exhaustive tuning report of YOLOv5s at batch 32 on
+# the H200, replayed on the candidates: the first six of the batch-1 order sum to 4144 us, these
+# first to 4039 us, every candidate's best to 4019 us.
+MANY_TILES = 400
+LARGE_FIRST = [(128, 256, 64, 8, 3), (64, 128, 32, 4, 4), (128, 64, 64, 4, 3), (64, 64, 32, 4, 3)]
+
+
 def _pow2(x: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, 1 << (max(1, x) - 1).bit_length()))
 
@@ -267,6 +275,8 @@ def _configs(spec: GemmSpec) -> list[dict[str, int]]:
               (128, 128, 32, 8, 3), (32, 32, 64, 2, 4), (128, 64, 64, 4, 3), (64, 128, 32, 4, 4),
               (128, 256, 64, 8, 3), (128, 32, 64, 4, 4), (128, 64, 32, 4, 4), (64, 64, 32, 4, 3),
               (256, 64, 32, 8, 3), (256, 128, 32, 8, 3), (32, 64, 64, 2, 3)]
+    if tiles(64, 128) >= MANY_TILES:  # batch 32: large tiles first
+        shapes = LARGE_FIRST + [t for t in shapes if t not in LARGE_FIRST]
     if tiles(64, 128) < 132:
         # too few programs to fill the GPU: the largest tiles that still fill it, then the most programs
         shapes.sort(key=lambda t: (0, -t[0] * t[1]) if tiles(t[0], t[1]) >= 132 else (1, -tiles(t[0], t[1])))
