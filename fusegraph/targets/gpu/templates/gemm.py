@@ -187,9 +187,30 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         configs = _period_configs(spec, tile) + [{**c, "BN": tile} for c in configs]
         configs = [c for k, c in enumerate(configs) if c not in configs[:k]]
         n_grid = (n // period, None, None)
+    configs = _fitting(configs, dtype.itemsize)
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(m, "BM", None), n_grid, (batch, None, "SPLIT")],
                         flops=2 * spec.m * spec.n * spec.k * spec.batch)
+
+
+# Shared memory a config's operand pipeline may take: the H200 gives a block 227 KiB, and the
+# epilogue's layout conversion needs room besides.
+PIPELINE_BYTES = 200 * 1024
+
+
+def pipeline_bytes(config: dict[str, int], itemsize: int) -> int:
+    """Shared memory of the operand tiles Triton keeps in flight: num_stages - 1 copies of the
+    A and B tiles (measured: Triton 3.6 asks 294912 bytes for BM 64, BN 128, BK 128, 4 stages
+    in float32)."""
+    tiles = config["BM"] * config["BK"] + config["BK"] * config["BN"]
+    return max(1, config["num_stages"] - 1) * tiles * itemsize
+
+
+def _fitting(configs: list[dict[str, int]], itemsize: int) -> list[dict[str, int]]:
+    """The configs whose pipeline fits in shared memory (the smallest one if none does): the
+    candidate lists are written for 2-byte operands, and a float32 product doubles the bytes."""
+    fits = [c for c in configs if pipeline_bytes(c, itemsize) <= PIPELINE_BYTES]
+    return fits or [min(configs, key=lambda c: pipeline_bytes(c, itemsize))]
 
 
 def _split_k_fixup(w: KernelWriter) -> None:
