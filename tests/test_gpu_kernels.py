@@ -105,6 +105,33 @@ def test_detection_head_writes_final_layout():
     assert body.count("tl.store(out") == 1 and "tl.where(" in body
 
 
+def _head(cin: int, h: int, w: int, per: int = 17):
+    """conv 1x1 to 3 x `per` channels -> reshape -> transpose -> sigmoid, as a head level."""
+    nodes = [node("Conv", ["x", "wt", "b"], ["c"], kernel_shape=[1, 1]), node("Reshape", ["c", "shape"], ["r"]),
+             node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 4, 2]), node("Sigmoid", ["t"], ["y"])]
+    inits = {"wt": rand(3 * per, cin, 1, 1, seed=1, scale=cin ** -0.5), "b": rand(3 * per, seed=2),
+             "shape": np.array([1, 3, per, h, w], np.int64)}
+    return make_model(nodes, {"x": [1, cin, h, w]}, ["y"], inits)
+
+
+@pytest.mark.parametrize("cin", [48, 512])
+def test_period_aligned_head_under_every_config(cin):
+    """Every candidate of a period-aligned head is right: 48 input channels (k chunks must divide
+    them: no chunk may run into the next tap), 512 with split-k, a feature map (15 pixels) that
+    ends inside a tile."""
+    program = parse_onnx(_head(cin, h=3, w=5))
+    compiled = program.compile(target="gpu", tune=False)
+    (k,) = compiled.kernels
+    rng = np.random.default_rng(11)
+    for config in k.src.configs:
+        k.config = config
+        x = rng.standard_normal((1, cin, 3, 5)).astype(np.float32)
+        compiled.poison()
+        got = compiled.run({"x": x})["y"]
+        assert not np.isnan(got).any(), config
+        assert rel_err(got, program.run({"x": x})["y"]) < TOL, config
+
+
 @pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0)])
 def test_matmul(a, b, trans_b):
     if len(a) == 2:
