@@ -105,6 +105,15 @@ def test_detection_head_writes_final_layout():
     assert body.count("tl.store(out") == 1 and "tl.where(" in body
 
 
+def test_k_chunk_start_is_declared_a_multiple_of_the_chunk():
+    """Triton 3.6 (the H200's) loses the alignment of `k0 % C` and then loads the A tile element
+    by element instead of in 16-byte copies (sm_90 PTX; 3.9 keeps it): the template states it."""
+    m = make_model([node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])], {"x": [1, 16, 4, 4]}, ["y"],
+                   {"w": rand(16, 16, 3, 3, seed=2, scale=0.1)})
+    (k,) = check_gpu(m).kernels
+    assert "rk = tl.multiple_of(k0 % 16, BK) + tl.arange(0, BK)" in k.src.body
+
+
 def _head(cin: int, h: int, w: int, per: int = 17):
     """conv 1x1 to 3 x `per` channels -> reshape -> transpose -> sigmoid, as a head level."""
     nodes = [node("Conv", ["x", "wt", "b"], ["c"], kernel_shape=[1, 1]), node("Reshape", ["c", "shape"], ["r"]),

@@ -139,10 +139,12 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     if spec.taps:  # chunks never straddle taps: BK divides the channels
         channels = spec.k // spec.taps
         w.emit(f"tap = k0 // {channels}")
-        w.emit(f"rk = k0 % {channels} + tl.arange(0, BK)")
+        # the chunk's start is a multiple of BK: said outright, since Triton 3.6 loses that through
+        # `%` and then loads the A tile element by element instead of in 16-byte copies
+        w.emit(f"rk = tl.multiple_of(k0 % {channels}, BK) + tl.arange(0, BK)")
         k_bounds: tuple[str | None, str | None] = (None, None)
     else:
-        w.emit("rk = k0 + tl.arange(0, BK)")
+        w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
         k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
     m_bound = f"(rm[:, None] < {spec.m})"
     tile = max(16, 1 << (period - 1).bit_length()) if period else 0

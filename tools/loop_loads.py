@@ -1,0 +1,90 @@
+"""Count the global loads in the main loop of every GEMM kernel of a model, from sm_90 PTX.
+
+A convolution whose A tile is loaded element by element (`ld.global.b16`) instead of with
+16-byte asynchronous copies (`cp.async`) runs several times slower on a Hopper GPU. Which one
+Triton emits depends on what its alignment analysis proves, and that differs between Triton
+versions: 3.9 (CI's) proved `k0 % C` aligned where 3.6 (the H200's) did not. Run this under
+the Triton version of the GPU machine; no GPU is needed:
+
+    python3.11 -m venv /tmp/v36 && /tmp/v36/bin/pip install triton==3.6.0 numpy==2.4.6 \\
+        onnx==1.23.2 ml_dtypes==0.7.0 protobuf==7.36.2
+    PYTHONPATH=. /tmp/v36/bin/python tools/loop_loads.py yolov5s [--fp32]
+
+For batch 32, pass the graph `bench/yolov5s.py --batch 32 --save-onnx FILE` writes (its tile
+choices differ).
+
+One line per GEMM kernel (its default config): scalar 2-byte loads, vector loads and
+asynchronous copies per thread per iteration of its k loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.pop("TRITON_INTERPRET", None)  # real (compiled) Triton functions
+
+LOOP = re.compile(r"Inner Loop Header.*?\n(.*?)bra\s+\$L__BB\d+_\d+;", re.S)
+
+
+def loop_loads(ptx: str) -> tuple[int, int, int]:
+    """(scalar, vector, cp.async) global loads in the first inner loop of `ptx`."""
+    m = LOOP.search(ptx)
+    body = m.group(1) if m else ""
+    scalar = len(re.findall(r"ld\.global\.(?:b16|b32)\b", body))
+    return scalar, len(re.findall(r"ld\.global\.v\d", body)), len(re.findall(r"cp\.async\.c[ag]", body))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import onnx
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import fusegraph
+    import fusegraph.zoo
+    from fusegraph.ir.dtypes import DType
+    from fusegraph.passes.pipeline import fuse
+    from fusegraph.passes.to_half import ToHalf
+    from fusegraph.targets.gpu.ahead_of_time import POINTER_TYPES, arg_dtypes
+    from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
+    from fusegraph.targets.gpu.kernel_loader import load_kernel
+    from fusegraph.targets.gpu.kernel_source import KernelSource
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="zoo name or .onnx file")
+    ap.add_argument("--fp32", action="store_true", help="float32 kernels (default: fp16, as the benchmarks)")
+    args = ap.parse_args(argv)
+    model = fusegraph.zoo.load(args.model) if fusegraph.zoo.is_zoo_name(args.model) else onnx.load(args.model)
+    program = fusegraph.parse_onnx(model)
+    if not args.fp32:
+        ToHalf(DType.float16).apply(program.main)
+    fuse(program)
+    plan = plan_program(program.main)
+    print(f"triton {triton.__version__}, sm_90, per thread per k iteration: scalar / vector / cp.async loads")
+    for pos, ins in enumerate(i for i in program.main if i.op.name == "fused"):
+        src = generate(ins, pos, kernel_inputs(ins, plan))
+        if src.template != "gemm":
+            continue
+        config = src.configs[0]
+        gpu_src = KernelSource(src.name, src.kernel_name, src.template, src.body, src.args, src.configs, src.grid_dims,
+                               src.flops, interpret=False)
+        signature = {a: POINTER_TYPES[d] for a, d in zip(src.args, arg_dtypes(ins, src))}
+        constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+        signature.update({k: "constexpr" for k in constexprs})
+        aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(src.args))}  # as the launcher specializes
+        kernel = triton.compile(ASTSource(load_kernel(gpu_src), signature, constexprs, aligned),
+                                target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": config["num_warps"], "num_stages": config["num_stages"]})
+        scalar, vector, copies = loop_loads(kernel.asm["ptx"])
+        flag = "  <- element by element" if scalar else ""
+        print(f"{src.name[:48]:48s} {scalar:4d} {vector:4d} {copies:4d}{flag}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
