@@ -20,13 +20,11 @@ asynchronous copies per thread per iteration of its k loop.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.pop("TRITON_INTERPRET", None)  # real (compiled) Triton functions
 
 LOOP = re.compile(r"Inner Loop Header.*?\n(.*?)bra\s+\$L__BB\d+_\d+;", re.S)
 
@@ -42,18 +40,14 @@ def loop_loads(ptx: str) -> tuple[int, int, int]:
 def main(argv: list[str] | None = None) -> int:
     import onnx
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     import fusegraph
     import fusegraph.zoo
     from fusegraph.ir.dtypes import DType
     from fusegraph.passes.pipeline import fuse
     from fusegraph.passes.to_half import ToHalf
-    from fusegraph.targets.gpu.ahead_of_time import POINTER_TYPES, arg_dtypes
-    from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
-    from fusegraph.targets.gpu.kernel_loader import load_kernel
-    from fusegraph.targets.gpu.kernel_source import KernelSource
+    from fusegraph.targets.gpu.ahead_of_time import arg_dtypes, build_for
+    from fusegraph.targets.gpu.codegen import program_kernels
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="zoo name or .onnx file")
@@ -64,23 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.fp32:
         ToHalf(DType.float16).apply(program.main)
     fuse(program)
-    plan = plan_program(program.main)
+    fused = [i for i in program.main if i.op.name == "fused"]
     print(f"triton {triton.__version__}, sm_90, per thread per k iteration: scalar / vector / cp.async loads")
-    for pos, ins in enumerate(i for i in program.main if i.op.name == "fused"):
-        src = generate(ins, pos, kernel_inputs(ins, plan))
+    for ins, src in zip(fused, program_kernels(program)):
         if src.template != "gemm":
             continue
-        config = src.configs[0]
-        gpu_src = KernelSource(src.name, src.kernel_name, src.template, src.body, src.args, src.configs, src.grid_dims,
-                               src.flops, interpret=False)
-        signature = {a: POINTER_TYPES[d] for a, d in zip(src.args, arg_dtypes(ins, src))}
-        constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
-        signature.update({k: "constexpr" for k in constexprs})
-        aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(src.args))}  # as the launcher specializes
-        kernel = triton.compile(ASTSource(load_kernel(gpu_src), signature, constexprs, aligned),
-                                target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": config["num_warps"], "num_stages": config["num_stages"]})
-        scalar, vector, copies = loop_loads(kernel.asm["ptx"])
+        scalar, vector, copies = loop_loads(build_for(src, arg_dtypes(ins, src)).asm["ptx"])
         flag = "  <- element by element" if scalar else ""
         print(f"{src.name[:48]:48s} {scalar:4d} {vector:4d} {copies:4d}{flag}")
     return 0

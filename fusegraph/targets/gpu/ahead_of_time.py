@@ -81,6 +81,15 @@ def compile_many(jobs: list[tuple[KernelSource, list[DType]]], workers: int = 2)
 def compile_for(src: KernelSource, arg_dtypes: list[DType], config: Config | None = None,
                 capability: int = 90, warp_size: int = 32) -> Compiled:
     """Build `src` for CUDA compute capability `capability`; raises what Triton raises."""
+    kernel = build_for(src, arg_dtypes, config, capability, warp_size)
+    meta = kernel.metadata
+    return Compiled(src.name, kernel.asm["ptx"].count("\n"), len(kernel.asm["cubin"]), getattr(meta, "shared", 0))
+
+
+def build_for(src: KernelSource, arg_dtypes: list[DType], config: Config | None = None,
+              capability: int = 90, warp_size: int = 32) -> Any:
+    """Triton's compiled kernel of `src` under `config` (default: the first) for a CUDA
+    target: its `asm` holds the PTX and the cubin."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -99,7 +108,5 @@ def compile_for(src: KernelSource, arg_dtypes: list[DType], config: Config | Non
         # without it Triton builds a less pipelined kernel (a third of the shared memory)
         aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(src.args))}
         ast = ASTSource(fn, signature, constexprs, aligned)
-        kernel = triton.compile(ast, target=GPUTarget("cuda", capability, warp_size),
-                                options={"num_warps": c["num_warps"], "num_stages": c["num_stages"]})
-    meta = kernel.metadata
-    return Compiled(src.name, kernel.asm["ptx"].count("\n"), len(kernel.asm["cubin"]), getattr(meta, "shared", 0))
+        return triton.compile(ast, target=GPUTarget("cuda", capability, warp_size),
+                              options={"num_warps": c["num_warps"], "num_stages": c["num_stages"]})
