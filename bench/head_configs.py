@@ -11,6 +11,7 @@ run (cold) and back to back (hot). Prints one table per level, fastest cold firs
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ if __package__ in (None, ""):
 import torch
 
 import fusegraph
-from bench.common import bench_parser, check, exact_fp32
+from bench.common import check, exact_fp32
 from bench.head import LEVELS, Level, eager_head, head_model, make_weights
 from bench.timing import Table, kernel_time
 from fusegraph.targets.gpu.compiled_program import torch_dtype
@@ -75,10 +76,15 @@ def sweep(level: Level, iters: int, tolerance: float) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser(__doc__)
-    parser.add_argument("--levels", default="80,40,20", help="grid sizes of the levels to sweep")
-    parser.add_argument("--iters", type=int, default=200, help="timed runs per config")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default="80,40,20", help="grid sizes of the levels to sweep (default 80,40,20)")
+    parser.add_argument("--iters", type=int, default=200, help="timed runs per config and L2 state (default 200)")
+    parser.add_argument("--tolerance", type=float, default=1e-2,
+                        help="largest relative norm error against the float32 reference (default 1e-2)")
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("head_configs.py times kernels on a CUDA GPU; none is visible", file=sys.stderr)
+        return 2
     sizes = {int(s) for s in args.levels.split(",")}
     for cin, size in LEVELS:
         if size in sizes:
