@@ -252,8 +252,9 @@ def workspace_elements(src: KernelSource, config: dict[str, int]) -> tuple[int, 
 def _period_configs(spec: GemmSpec, tile: int) -> list[dict[str, int]]:
     """First candidates of a period-aligned product (the detection head): eight warps share the
     [BM, tile] epilogue, which costs as much as the product; long k chunks where the channels
-    allow (timed on an H200: 6.9 us at 80x80 and 6.2 us at 40x40, against 7.8 and 7.3 for the
-    best four-warp tiles)."""
+    allow. The general list follows, so the default tune also times 64-row four-warp tiles:
+    `bench/results/head-configs.md` has every tile of the 80x80 head on an H200, 6.6 to 11.6 us
+    with L2 cold; the default six reach 6.7 (the best, 6.6) and the fastest hot one (5.8 us)."""
     channels = spec.k // spec.taps if spec.taps else spec.k
     if spec.taps:  # a chunk must not straddle two taps (the k loop has no bound then)
         bk = max(b for b in (16, 32, 64, 128) if channels % b == 0)
