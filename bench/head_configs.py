@@ -6,15 +6,22 @@ grid (BM, BK, warps, stages; BN is the anchor's 128-wide tile), checks the outpu
 float32 reference and reads the kernel's GPU time from the profiler, L2 flushed before each
 run (cold) and back to back (hot). Prints one table per level, fastest cold first.
 
-    PYTHONPATH=. python3 bench/head_configs.py [--levels 80,40,20] [--iters 200]
+With `--ablate` it times the tuned kernel with parts cut out instead (the sigmoid, the k loop,
+the odd-width stores): the differences between the rows say where the time goes. Those
+variants compute wrong outputs on purpose and are not checked.
+
+    PYTHONPATH=. python3 bench/head_configs.py [--levels 80,40,20] [--iters 200] [--ablate]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,20 +33,33 @@ from bench.common import check, exact_fp32
 from bench.head import LEVELS, Level, eager_head, head_model, make_weights
 from bench.timing import Table, kernel_time
 from fusegraph.targets.gpu.compiled_program import torch_dtype
+from fusegraph.targets.gpu.kernel_loader import load_kernel
 from fusegraph.targets.gpu.parallel_compile import compile_all
+from fusegraph.targets.gpu.templates.gemm import PIPELINE_BYTES, pipeline_bytes
 
 
 def grid_configs(cin: int) -> list[dict[str, int]]:
     """BM x BK x warps x stages, BN the 128-wide period tile, no split."""
     out = []
     for bm, bk, warps, stages in itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4)):
-        if cin % bk or stages * (bm * bk + bk * 128) * 2 > 200 * 1024:
-            continue
-        out.append({"BM": bm, "BN": 128, "BK": bk, "SPLIT": 1, "num_warps": warps, "num_stages": stages})
+        c = {"BM": bm, "BN": 128, "BK": bk, "SPLIT": 1, "num_warps": warps, "num_stages": stages}
+        if cin % bk == 0 and pipeline_bytes(c, 2) <= PIPELINE_BYTES:
+            out.append(c)
     return out
 
 
-def sweep(level: Level, iters: int, tolerance: float) -> Table:
+@dataclass
+class Head:
+    """One head level compiled by fusegraph, its one kernel bound to device buffers."""
+
+    level: Level
+    compiled: Any
+    kernel: Any
+    args: list[Any]
+    ref: torch.Tensor
+
+
+def compile_head(level: Level) -> Head:
     w_np, b_np = make_weights(level, 0)
     compiled = fusegraph.parse_onnx(head_model(level, w_np, b_np)).compile(target="gpu", fp16=True)
     (kernel,) = compiled.kernels
@@ -49,8 +69,19 @@ def sweep(level: Level, iters: int, tolerance: float) -> Table:
                          torch.from_numpy(b_np).cuda().half().float())
     tensors, _ = compiled._inputs({"x": x})
     compiled._bound_inputs = tensors
-    args = compiled._args(kernel, tensors)
-    configs = grid_configs(level.cin)
+    return Head(level, compiled, kernel, compiled._args(kernel, tensors), ref)
+
+
+def time_launch(launch: Callable[[], None], iters: int) -> tuple[float, float]:
+    """GPU us of one launch, median, L2 cold and hot."""
+    cold = kernel_time(launch, iters=iters, warmup=10, flush_l2=True)
+    hot = kernel_time(launch, iters=iters, warmup=10)
+    return cold.median_us, hot.median_us
+
+
+def sweep(head: Head, iters: int, tolerance: float) -> Table:
+    kernel, args = head.kernel, head.args
+    configs = grid_configs(head.level.cin)
     compile_all([(kernel.src, [torch_dtype(b.shape.dtype) for b in kernel.args], c) for c in configs])
     rows = []
     for c in configs:
@@ -63,15 +94,85 @@ def sweep(level: Level, iters: int, tolerance: float) -> Table:
         except Exception as e:  # noqa: BLE001 - a config Triton rejects is a row, not a crash
             rows.append((float("inf"), c, f"failed: {type(e).__name__}"))
             continue
-        ok = check(compiled.outputs()["y"], ref, tolerance)
-        cold = kernel_time(launch, iters=iters, warmup=10, flush_l2=True)
-        hot = kernel_time(launch, iters=iters, warmup=10)
-        rows.append((cold.median_us, c, f"{hot.median_us:.2f}" + ("" if ok.ok else f" WRONG {ok.err:.1e}")))
+        ok = check(head.compiled.outputs()["y"], head.ref, tolerance)
+        cold, hot = time_launch(launch, iters)
+        rows.append((cold, c, f"{hot:.2f}" + ("" if ok.ok else f" WRONG {ok.err:.1e}")))
     rows.sort(key=lambda r: r[0])
-    table = Table(f"head {level.label}: chosen {kernel.config}",
+    table = Table(f"head {head.level.label}: chosen {kernel.config}",
                   ["BM", "BK", "warps", "stages", "GPU us cold", "GPU us hot"])
     for cold, c, hot in rows:
         table.rows.append([str(c["BM"]), str(c["BK"]), str(c["num_warps"]), str(c["num_stages"]), f"{cold:.2f}", hot])
+    return table
+
+
+STORE = re.compile(r"^(\s*)tl\.store\(out \+ (.*), (v\d+)\.to\(tl\.float16\)\, mask=(.*)\)$")
+
+
+def _rewrite(body: str, loop: str | None = None, sigmoid: bool = True, store: str | None = None) -> str:
+    """The kernel body with its k loop's range, its sigmoid or its store replaced."""
+    lines = body.split("\n")
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if loop is not None and stripped.startswith("for k0 in range("):
+            lines[i] = line[: line.index("for")] + f"for k0 in range({loop}):"
+        elif not sigmoid and "= tl.sigmoid(" in stripped:
+            lines[i] = line.replace("tl.sigmoid(", "(")
+        elif store is not None and (m := STORE.match(line)):
+            indent, address, value, mask = m.groups()
+            lines[i] = indent + store.format(address=address, value=value, mask=mask)
+    out = "\n".join(lines)
+    if out == body:
+        raise ValueError("the kernel body has none of the lines the variant rewrites")
+    return out
+
+
+# name -> (what it leaves out, how the body changes): differences between the rows say where
+# the kernel's time goes (the product, the epilogue's math, the odd-width stores, the fixed cost)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "full": ("nothing: the kernel as generated", {}),
+    "no-sigmoid": ("the sigmoid", {"sigmoid": False}),
+    "aligned-store": ("the 85-wide rows: every tile stores 128 columns into a scratch buffer of 16-byte aligned rows",
+                      {"store": "tl.store(ws + (pid_n * tl.num_programs(0) * BM + rm[:, None]) * BN + rn[None, :], "
+                                "{value}.to(tl.float16))"}),
+    "one-row-store": ("all stores but each tile's first row", {"store": "tl.store(out + {address}, {value}.to(tl.float16), "
+                                                                        "mask={mask} & (tl.arange(0, BM)[:, None] == 0))"}),
+    "no-product": ("the k loop (no operand loads, no MMA)", {"loop": "0, 0, BK"}),
+    "launch-only": ("the k loop and all stores but one row", {
+        "loop": "0, 0, BK",
+        "store": "tl.store(out + {address}, {value}.to(tl.float16), mask={mask} & (tl.arange(0, BM)[:, None] == 0))"}),
+}
+
+
+def variant(kernel: Any, args: list[Any], config: dict[str, int], name: str) -> tuple[Callable[[], None], torch.Tensor]:
+    """A launcher of `kernel` rewritten as VARIANTS[name] under `config`, and its scratch
+    buffer (passed as the split-k workspace, which a SPLIT 1 kernel does not otherwise use)."""
+    grid = kernel.src.grid(config)
+    scratch = torch.zeros(grid[0] * grid[1] * config["BM"] * config["BN"], dtype=torch.float16, device=args[0].device)
+    args = [scratch if a == "ws" else t for a, t in zip(kernel.src.args, args)]
+    change = VARIANTS[name][1]
+    fn = load_kernel(replace(kernel.src, body=_rewrite(kernel.src.body, **change) if change else kernel.src.body))
+    constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+
+    def launch() -> None:
+        fn[grid](*args, **constexprs, num_warps=config["num_warps"], num_stages=config["num_stages"])
+
+    return launch, scratch
+
+
+def ablate(head: Head, config: dict[str, int], iters: int) -> Table:
+    """The kernel under `config` with parts of it cut out, one variant a row."""
+    table = Table(f"head {head.level.label}, parts cut out, config {config}",
+                  ["variant", "leaves out", "GPU us cold", "GPU us hot"])
+    for name, (what, _) in VARIANTS.items():
+        try:
+            launch, _ = variant(head.kernel, head.args, config, name)
+            launch()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a variant that does not apply is a row, not a crash
+            table.add(name, what, f"failed: {type(e).__name__}: {e}"[:120], "")
+            continue
+        cold, hot = time_launch(launch, iters)
+        table.add(name, what, f"{cold:.2f}", f"{hot:.2f}")
     return table
 
 
@@ -81,14 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=200, help="timed runs per config and L2 state (default 200)")
     parser.add_argument("--tolerance", type=float, default=1e-2,
                         help="largest relative norm error against the float32 reference (default 1e-2)")
+    parser.add_argument("--ablate", action="store_true",
+                        help="instead of the sweep, time the tuned kernel with parts of it cut out (see VARIANTS)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("head_configs.py times kernels on a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     sizes = {int(s) for s in args.levels.split(",")}
     for cin, size in LEVELS:
-        if size in sizes:
-            print(sweep(Level(cin, size), args.iters, args.tolerance).markdown(), flush=True)
+        if size not in sizes:
+            continue
+        head = compile_head(Level(cin, size))
+        if args.ablate:
+            print(ablate(head, head.kernel.config, args.iters).markdown(), flush=True)
+        else:
+            print(sweep(head, args.iters, args.tolerance).markdown(), flush=True)
     return 0
 
 
