@@ -38,11 +38,15 @@ from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.templates.gemm import PIPELINE_BYTES, pipeline_bytes
 
 
-def grid_configs(cin: int) -> list[dict[str, int]]:
-    """BM x BK x warps x stages, BN the 128-wide period tile, no split."""
+def grid_configs(cin: int, pieces: bool) -> list[dict[str, int]]:
+    """BM x BK x warps x stages, BN the 128-wide period tile, no split; with `pieces` each also
+    with the tile's columns computed as two narrower products (PIECES, `templates/gemm.py`)."""
     out = []
-    for bm, bk, warps, stages in itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4)):
+    for bm, bk, warps, stages, piece in itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4),
+                                                           (0, 1) if pieces else (None,)):
         c = {"BM": bm, "BN": 128, "BK": bk, "SPLIT": 1, "num_warps": warps, "num_stages": stages}
+        if piece is not None:
+            c["PIECES"] = piece
         if cin % bk == 0 and pipeline_bytes(c, 2) <= PIPELINE_BYTES:
             out.append(c)
     return out
@@ -81,7 +85,7 @@ def time_launch(launch: Callable[[], None], iters: int) -> tuple[float, float]:
 
 def sweep(head: Head, iters: int, tolerance: float) -> Table:
     kernel, args = head.kernel, head.args
-    configs = grid_configs(head.level.cin)
+    configs = grid_configs(head.level.cin, "PIECES" in kernel.src.configs[0])
     compile_all([(kernel.src, [torch_dtype(b.shape.dtype) for b in kernel.args], c) for c in configs])
     rows = []
     for c in configs:
@@ -99,9 +103,9 @@ def sweep(head: Head, iters: int, tolerance: float) -> Table:
         rows.append((cold, c, f"{hot:.2f}" + ("" if ok.ok else f" WRONG {ok.err:.1e}")))
     rows.sort(key=lambda r: r[0])
     table = Table(f"head {head.level.label}: chosen {kernel.config}",
-                  ["BM", "BK", "warps", "stages", "GPU us cold", "GPU us hot"])
+                  ["BM", "BK", "warps", "stages", "pieces", "GPU us cold", "GPU us hot"])
     for cold, c, hot in rows:
-        table.rows.append([str(c["BM"]), str(c["BK"]), str(c["num_warps"]), str(c["num_stages"]), f"{cold:.2f}", hot])
+        table.add(c["BM"], c["BK"], c["num_warps"], c["num_stages"], c.get("PIECES", "-"), f"{cold:.2f}", hot)
     return table
 
 
@@ -119,7 +123,8 @@ def _rewrite(body: str, loop: str | None = None, sigmoid: bool = True, store: st
             lines[i] = line.replace("tl.sigmoid(", "(")
         elif store is not None and (m := STORE.match(line)):
             indent, address, value, mask = m.groups()
-            lines[i] = indent + store.format(address=address, value=value, mask=mask)
+            rn = re.search(r"\b(rn\d*)\[None, :\]", address)
+            lines[i] = indent + store.format(address=address, value=value, mask=mask, rn=rn.group(1) if rn else "rn")
     out = "\n".join(lines)
     if out == body:
         raise ValueError("the kernel body has none of the lines the variant rewrites")
@@ -132,7 +137,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "full": ("nothing: the kernel as generated", {}),
     "no-sigmoid": ("the sigmoid", {"sigmoid": False}),
     "aligned-store": ("the 85-wide rows: every tile stores 128 columns into a scratch buffer of 16-byte aligned rows",
-                      {"store": "tl.store(ws + (pid_n * tl.num_programs(0) * BM + rm[:, None]) * BN + rn[None, :], "
+                      {"store": "tl.store(ws + (pid_n * tl.num_programs(0) * BM + rm[:, None]) * BN + {rn}[None, :], "
                                 "{value}.to(tl.float16))"}),
     "one-row-store": ("all stores but each tile's first row", {"store": "tl.store(out + {address}, {value}.to(tl.float16), "
                                                                         "mask={mask} & (tl.arange(0, BM)[:, None] == 0))"}),

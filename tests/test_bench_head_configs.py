@@ -2,11 +2,11 @@
 
 The variants rewrite lines of the generated kernel; if the template's output changes shape,
 a rewrite that silently no longer applies would time the full kernel under another name. Run
-under Triton's interpreter on a small head level (32 channels, 4x4 grid), on fresh random
-inputs, against float64 NumPy: the full kernel computes the head, `no-product` stores
-sigmoid(bias) in every place, `aligned-store` writes the same values into the scratch
-buffer's 128-wide rows, and the one-row variants store one row per tile. Tolerance 2e-3
-absolute (fp16 outputs in [0, 1]).
+under Triton's interpreter on a small head level (32 channels, 4x4 grid), with the tile whole
+and in column pieces, on fresh random inputs, against float64 NumPy: the full kernel computes
+the head, `no-product` stores sigmoid(bias) in every place, `aligned-store` writes the same
+values into the scratch buffer's 128-wide rows, and the one-row variants store one row per
+tile. Tolerance 2e-3 absolute (fp16 outputs in [0, 1]).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-v))
 
 
-@pytest.fixture(scope="module")
-def head():
+@pytest.fixture(scope="module", params=[0, 1], ids=["whole", "pieces"])
+def head(request):
     w, b = make_weights(LEVEL, 0)
     compiled = fusegraph.parse_onnx(head_model(LEVEL, w, b)).compile(target="gpu", fp16=True)
     (kernel,) = compiled.kernels
@@ -40,6 +40,8 @@ def head():
     b16 = torch.from_numpy(b).half().double().numpy()
     conv = np.einsum("oc,chw->ohw", w16, x.double().numpy()[0]) + b16[:, None, None]
     want = _sigmoid(conv.reshape(NA, NO, 4, 4).transpose(0, 2, 3, 1))  # [3, 4, 4, 85]
+    assert "PIECES" in kernel.config  # 85 of 128 columns: the head's kernel can run in two pieces
+    kernel.config = {**kernel.config, "PIECES": request.param}
     return compiled, kernel, compiled._args(kernel, tensors), want, _sigmoid(b16).reshape(NA, NO)
 
 

@@ -79,9 +79,9 @@ def test_conv_silu(kernel, stride, pads, dilation, group, cin, cout):
     assert [b.perm for b in weights] == [(2, 3, 1, 0) if n_major else None]
 
 
-def test_detection_head_writes_final_layout():
-    """conv -> reshape -> transpose -> sigmoid -> split arithmetic -> concat, as one kernel."""
-    h = w = 4
+def _full_head(per: int, h: int, w: int):
+    """conv -> reshape -> transpose -> sigmoid -> split arithmetic -> concat, a YOLO head level
+    with `per` values per anchor."""
     nodes = [
         node("Conv", ["x", "wt", "b"], ["c"], kernel_shape=[1, 1]),
         node("Reshape", ["c", "shape"], ["r"]),
@@ -93,11 +93,16 @@ def test_detection_head_writes_final_layout():
         node("Concat", ["xy3", "wh4", "conf"], ["cat"], axis=4),
         node("Reshape", ["cat", "flat"], ["y"]),
     ]
-    inits = {"wt": rand(3 * 9, 8, 1, 1, seed=1, scale=0.3), "b": rand(27, seed=2),
-             "shape": np.array([1, 3, 9, h, w], np.int64), "split": np.array([2, 2, 5], np.int64),
+    inits = {"wt": rand(3 * per, 8, 1, 1, seed=1, scale=0.3), "b": rand(3 * per, seed=2),
+             "shape": np.array([1, 3, per, h, w], np.int64), "split": np.array([2, 2, per - 4], np.int64),
              "two": np.array(2.0, np.float32), "grid": rand(1, 3, h, w, 2, seed=3), "anchor": rand(1, 3, h, w, 2, seed=4),
-             "flat": np.array([1, 3 * h * w, 9], np.int64)}
-    c = check_gpu(make_model(nodes, {"x": [1, 8, h, w]}, ["y"], inits))
+             "flat": np.array([1, 3 * h * w, per], np.int64)}
+    return make_model(nodes, {"x": [1, 8, h, w]}, ["y"], inits)
+
+
+def test_detection_head_writes_final_layout():
+    """conv -> reshape -> transpose -> sigmoid -> split arithmetic -> concat, as one kernel."""
+    c = check_gpu(_full_head(9, 4, 4))
     assert len(c.kernels) == 1
     body = c.kernels[0].src.body
     # the scalar 2.0 is a number in the kernel, its square a product, the three concat pieces one store
@@ -123,18 +128,38 @@ def _head(cin: int, h: int, w: int, per: int = 17):
     return make_model(nodes, {"x": [1, cin, h, w]}, ["y"], inits)
 
 
-@pytest.mark.parametrize("cin", [48, 512])
-def test_period_aligned_head_under_every_config(cin):
+@pytest.mark.parametrize("cin,per", [(48, 17), (512, 17), (48, 85), (512, 40)])
+def test_period_aligned_head_under_every_config(cin, per):
     """Every candidate of a period-aligned head is right: 48 input channels (k chunks must divide
     them: no chunk may run into the next tap), 512 with split-k, a feature map (15 pixels) that
-    ends inside a tile."""
-    program = parse_onnx(_head(cin, h=3, w=5))
+    ends inside a tile; periods of 85 and 40 also in two column pieces (64 + 32, 32 + 16)."""
+    program = parse_onnx(_head(cin, h=3, w=5, per=per))
     compiled = program.compile(target="gpu", tune=False)
     (k,) = compiled.kernels
     rng = np.random.default_rng(11)
     for config in k.src.configs:
         k.config = config
         x = rng.standard_normal((1, cin, 3, 5)).astype(np.float32)
+        compiled.poison()
+        got = compiled.run({"x": x})["y"]
+        assert not np.isnan(got).any(), config
+        assert rel_err(got, program.run({"x": x})["y"]) < TOL, config
+    assert any(c.get("PIECES") for c in k.src.configs) == (per != 17)
+
+
+def test_detection_head_in_column_pieces():
+    """YOLO's 85 values per anchor (padded to 128) in two column pieces, 64 + 32, whose three
+    concat stores (xy, wh, classes) each cover part of the columns: every default candidate,
+    whole and in pieces, against the reference target on fresh random inputs."""
+    program = parse_onnx(_full_head(85, 3, 5))
+    compiled = program.compile(target="gpu", tune=False)
+    (k,) = compiled.kernels
+    tried = k.src.configs[:k.src.default_tune]
+    assert {c["PIECES"] for c in tried} == {0, 1}
+    rng = np.random.default_rng()
+    for config in tried:
+        k.config = config
+        x = rng.standard_normal((1, 8, 3, 5)).astype(np.float32)
         compiled.poison()
         got = compiled.run({"x": x})["y"]
         assert not np.isnan(got).any(), config

@@ -34,7 +34,7 @@ for s in $steps; do
     perf_fp16_cached) step perf_fp16_cached timeout 40 $py -m fusegraph.driver.cli perf yolov5s --fp16 ;;
     perf_fp16_exhaustive) step perf_fp16_exhaustive timeout 300 env FUSEGRAPH_CACHE_DIR=/tmp/fusegraph-cache-exhaustive FUSEGRAPH_TUNING_REPORT="$out/tuning_exhaustive.jsonl" $py -m fusegraph.driver.cli perf yolov5s --fp16 --exhaustive-tune ;;
     head_bench) step head_bench timeout 300 $py bench/head.py ;;
-    head_configs) step head_configs timeout 150 $py bench/head_configs.py --levels 80 --iters 50 ;;
+    head_configs) step head_configs timeout 240 $py bench/head_configs.py --levels 80 --iters 50 ;;
     head_ablate) step head_ablate timeout 120 $py bench/head_configs.py --ablate --iters 100 ;;
     yolov5s_b1) step yolov5s_b1 timeout 130 $py bench/yolov5s.py --batch 1 ;;
     yolov5s_b32) step yolov5s_b32 timeout 150 $py bench/yolov5s.py --batch 32 --quick ;;

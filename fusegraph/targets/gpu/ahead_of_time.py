@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from fusegraph.ir.dtypes import DType
@@ -96,8 +96,7 @@ def build_for(src: KernelSource, arg_dtypes: list[DType], config: Config | None 
 
     from fusegraph.targets.gpu.kernel_loader import load_kernel
 
-    gpu_src = KernelSource(src.name, src.kernel_name, src.template, src.body, src.args, src.configs, src.grid_dims,
-                           src.flops, interpret=False)
+    gpu_src = replace(src, interpret=False)
     c = config or src.configs[0]
     with _compiled_mode():
         fn = load_kernel(gpu_src)

@@ -14,14 +14,13 @@ from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
 from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
 from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
-from fusegraph.targets.gpu.kernel_source import Config, KernelSource
+from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, Config, KernelSource
 from fusegraph.ir.shape import Shape
 from fusegraph.targets.gpu.memory_plan import Buffer, stored_buffer_input
 from fusegraph.targets.gpu.templates.gemm import workspace_elements
 from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.returned_views import copy_returned_views
 
-DEFAULT_TUNE_CONFIGS = 6  # candidates per kernel unless exhaustive (the templates order them best first)
 
 
 def is_fused(program: Program) -> bool:
@@ -113,7 +112,7 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
         if cached is not None:  # tuned (and compiled into Triton's cache) before
             plans.append([cached])
             continue
-        candidates = k.src.configs if exhaustive else k.src.configs[:DEFAULT_TUNE_CONFIGS]
+        candidates = k.src.configs if exhaustive else k.src.configs[:k.src.default_tune or DEFAULT_TUNE_CONFIGS]
         plans.append(candidates)
         dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
         jobs += [(k.src, dtypes, c) for c in candidates]

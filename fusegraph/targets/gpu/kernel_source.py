@@ -20,6 +20,9 @@ def _prod_combine(a, b):
 """
 
 Config = dict[str, int]
+# candidates per kernel the default tune times (templates order them best first; the rest are
+# for --exhaustive-tune) unless a source says otherwise
+DEFAULT_TUNE_CONFIGS = 6
 
 
 @dataclass
@@ -42,6 +45,7 @@ class KernelSource:
     grid_dims: list[tuple[int, str | None, str | None]]
     flops: int = 0
     interpret: bool = False
+    default_tune: int = 0  # candidates the default tune times; 0: DEFAULT_TUNE_CONFIGS
 
     @property
     def source(self) -> str:

@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass
 
 from fusegraph.ir.dtypes import DType
-from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, free_vars, subexpressions, substitute
+from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, Var, free_vars, subexpressions, substitute
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.targets.gpu.kernel_source import KernelSource, signature
+from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile, var
 
 
@@ -107,6 +107,110 @@ def channel_period(module: Module, anchor: Instruction, spec: GemmSpec) -> int:
     return fits[0] if len(fits) == 1 and len(periods) == 1 else 0
 
 
+def stored_width(module: Module, out_index: Index, tile: int) -> int:
+    """How many of a period tile's first columns the epilogue stores: the detection head's
+    anchors are padded to 128 channels (`pad_channel_groups`) of which its stores keep 85."""
+    (ins,) = module.returns
+    widths = []
+    while ins.op.name == "store":  # a chain of stores: the pieces of a concat
+        width = tile
+        for x, _, hi in KernelWriter.domain_ranges(ins, out_index):
+            if isinstance(x, Var) and x.name == "rn":
+                width = min(width, hi)
+        widths.append(width)
+        ins = ins.inputs[0]
+    return max(widths, default=tile)
+
+
+def column_pieces(width: int, tile: int) -> list[tuple[int, int]]:
+    """(start, width) of two power-of-two column blocks covering the `width` stored columns of a
+    tile that leaves much of its width unused: 85 of 128 columns as 64 + 32. The epilogue then
+    runs on 96 columns instead of 128; its sigmoid alone, two special-function operations per
+    element, took 0.9 of the 5.8 us of the 80x80 detection head on an H200
+    (`bench/results/head-ablate.md`). [] when one block fits or two do not cover the width
+    (16-column granularity, the narrowest dot)."""
+    cover = -(-width // 16) * 16
+    big = 1 << (cover.bit_length() - 1)
+    rest = cover - big
+    if cover > tile or rest == 0 or rest & (rest - 1):
+        return []
+    return [(0, big), (big, rest)]
+
+
+@dataclass
+class Columns:
+    """One accumulator of a product: its name, its column variable, width (code) and bound."""
+
+    acc: str
+    rn: str
+    width: str
+    bound: str | None
+
+
+class _Product:
+    """Emits a product's k loop and epilogue for given column blocks: a template's kernel may
+    hold two ways to compute the same tile, chosen by a constexpr, each in its own scope."""
+
+    def __init__(self, w: KernelWriter, spec: GemmSpec, anchor: Instruction, module: Module, dtype: DType,
+                 allow_tf32: bool, interpret: bool, acc_of: dict[int, str]) -> None:
+        self.w, self.spec, self.anchor, self.module, self.dtype = w, spec, anchor, module, dtype
+        self.allow_tf32, self.interpret, self.acc_of = allow_tf32, interpret, acc_of
+
+    def emit(self, blocks: list[Columns], split: bool) -> None:
+        w, spec, dtype = self.w, self.spec, self.dtype
+        acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
+        for b in blocks:
+            w.emit(f"{b.acc} = tl.zeros([BM, {b.width}], dtype={acc_t})")
+        w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
+        w.indent += 1
+        if spec.taps:  # chunks never straddle taps: BK divides the channels
+            channels = spec.k // spec.taps
+            w.emit(f"tap = k0 // {channels}")
+            # the chunk's start is a multiple of BK: said outright, since Triton 3.6 loses that through
+            # `%` and then loads the A tile element by element instead of in 16-byte copies
+            w.emit(f"rk = tl.multiple_of(k0 % {channels}, BK) + tl.arange(0, BK)")
+            k_bounds: tuple[str | None, str | None] = (None, None)
+        else:
+            w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
+            k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
+        m_bound = f"(rm[:, None] < {spec.m})"
+        ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
+        conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
+        a_in, b_in = self.anchor.inputs
+        w.raw_loads = {id(x) for x in self.anchor.inputs if x.op.name == "load"}
+        av = w.value(a_in, ta, spec.a_index, tuple(conds))
+        if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
+            av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
+        a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+        if not spec.taps and not a_masked:  # lanes past k must add nothing, also where A's index ignores k
+            av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
+        operand = TRITON_TYPES[dtype]
+        if self.interpret and dtype == DType.bfloat16:
+            operand = "tl.float32"  # the interpreter's bf16 dot is wrong
+        precision = "" if dtype != DType.float32 else (
+            ', input_precision="tf32"' if self.allow_tf32 else ', input_precision="ieee"')
+        # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
+        a_tile = f"tl.broadcast_to({av}, [BM, BK]).to({operand})"
+        for b in blocks:
+            tb = Tile({"rk": "rk[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
+                      {"rk": k_bounds[1], "rn": b.bound})
+            b_tile = f"tl.broadcast_to({w.value(b_in, tb, spec.b_index)}, [BK, {b.width}]).to({operand})"
+            if dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
+                w.emit(f"{b.acc} += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
+            else:
+                w.emit(f"{b.acc} = tl.dot({a_tile}, {b_tile}, {b.acc}{precision})")
+        w.indent -= 1
+        if split:
+            _split_k_fixup(w)
+        else:
+            w.emit("last = tl.full([1, 1], 1, tl.int1)")
+        (ret,) = self.module.returns
+        for b in blocks:
+            te = Tile({"rm": "rm[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "nq": "pid_n"}, {"rm": m_bound, "rn": b.bound})
+            self.acc_of[id(te)] = b.acc
+            w.store(ret, te, self.spec.out_index, ("last",))
+
+
 def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction,
                 allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
     spec = conv_spec(anchor) if anchor.op.name == "convolution" else dot_spec(anchor)
@@ -120,10 +224,12 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         raise CodegenError(f"{anchor.op.name} on {dtype} has no GPU template (floating point only)")
     out_index = spec.out_index
 
+    acc_of: dict[int, str] = {}  # epilogue tile -> the accumulator it reads
+
     def acc_value(tile: Tile, index: Index) -> str:
         if index != out_index:
             raise CodegenError(f"the epilogue of {kernel} reads the {anchor.op.name} at another index")
-        return "acc"
+        return acc_of[id(tile)]
 
     w = KernelWriter(module, inputs, {id(anchor): acc_value})
     w.emit("pid_m = tl.program_id(0)")
@@ -132,54 +238,30 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     w.emit("pid_k = tl.program_id(2) % SPLIT")
     w.emit("rm = pid_m * BM + tl.arange(0, BM)")
     w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
-    acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
-    w.emit(f"acc = tl.zeros([BM, BN], dtype={acc_t})")
-    w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
-    w.indent += 1
-    if spec.taps:  # chunks never straddle taps: BK divides the channels
-        channels = spec.k // spec.taps
-        w.emit(f"tap = k0 // {channels}")
-        # the chunk's start is a multiple of BK: said outright, since Triton 3.6 loses that through
-        # `%` and then loads the A tile element by element instead of in 16-byte copies
-        w.emit(f"rk = tl.multiple_of(k0 % {channels}, BK) + tl.arange(0, BK)")
-        k_bounds: tuple[str | None, str | None] = (None, None)
-    else:
-        w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
-        k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
-    m_bound = f"(rm[:, None] < {spec.m})"
     tile = max(16, 1 << (period - 1).bit_length()) if period else 0
     # a period of a power of two fills its tile exactly: no bound, so Triton sees whole rows
     n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
-    ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
-    tb = Tile({"rk": "rk[:, None]", "rn": "rn[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
-              {"rk": k_bounds[1], "rn": n_bound})
-    conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
-    a_in, b_in = anchor.inputs
-    w.raw_loads = {id(x) for x in anchor.inputs if x.op.name == "load"}
-    av = w.value(a_in, ta, spec.a_index, tuple(conds))
-    if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
-        av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
-    bv = w.value(b_in, tb, spec.b_index)
-    a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
-    if not spec.taps and not a_masked:  # lanes past k must add nothing, also where A's index ignores k
-        av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
-    operand = TRITON_TYPES[dtype]
-    if interpret and dtype == DType.bfloat16:
-        operand = "tl.float32"  # the interpreter's bf16 dot is wrong
-    precision = "" if dtype != DType.float32 else (', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
-    # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
-    a_tile, b_tile = f"tl.broadcast_to({av}, [BM, BK]).to({operand})", f"tl.broadcast_to({bv}, [BK, BN]).to({operand})"
-    if dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
-        w.emit(f"acc += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
+    whole = [Columns("acc", "rn", "BN", n_bound)]
+    pieces = column_pieces(stored_width(module, out_index, tile), tile) if period and dtype != DType.float64 else []
+    product = _Product(w, spec, anchor, module, dtype, allow_tf32, interpret, acc_of)
+    if pieces:  # PIECES (a tuning choice): the period's columns as two narrower products
+        w.emit("if PIECES:")
+        w.indent += 1
+        blocks = []
+        for j, (start, size) in enumerate(pieces):
+            w.emit(f"rn{j} = {start} + tl.arange(0, {size})" if start else f"rn{j} = tl.arange(0, {size})")
+            bound = f"(rn{j}[None, :] < {period})" if start + size > period < tile else None
+            blocks.append(Columns(f"acc{j}", f"rn{j}", str(size), bound))
+        product.emit(blocks, split=False)
+        w.indent -= 1
+        w.emit("else:")
+        w.indent += 1
+        product.emit(whole, split=True)
+        w.indent -= 1
     else:
-        w.emit(f"acc = tl.dot({a_tile}, {b_tile}, acc{precision})")
-    w.indent -= 1
-    _split_k_fixup(w)
-    te = Tile({"rm": "rm[:, None]", "rn": "rn[None, :]", "gz": "gz", "nq": "pid_n"}, {"rm": m_bound, "rn": n_bound})
-    (ret,) = module.returns
-    w.store(ret, te, out_index, ("last",))
+        product.emit(whole, split=True)
     args = w.arg_list() + ["ws", "cnt"]
-    body = signature(name, args, ["BM", "BN", "BK", "SPLIT"]) + "\n" + "\n".join(w.lines) + "\n"
+    body = signature(name, args, ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else [])) + "\n" + "\n".join(w.lines) + "\n"
     configs = _configs(spec)
     if dtype == DType.float64:  # small tiles for the summed products; the split-k workspace is float32
         configs = [{"BM": 16, "BN": 16, "BK": 16, "SPLIT": 1, "num_warps": 4, "num_stages": 1}]
@@ -190,9 +272,14 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         configs = [c for k, c in enumerate(configs) if c not in configs[:k]]
         n_grid = (n // period, None, None)
     configs = _fitting(configs, dtype.itemsize)
+    default_tune = 0
+    if pieces:  # each default candidate without split-k is also tried in pieces, right after itself
+        first = [t for c in configs[:DEFAULT_TUNE_CONFIGS]
+                 for t in [{**c, "PIECES": 0}] + ([{**c, "PIECES": 1}] if c["SPLIT"] == 1 else [])]
+        configs, default_tune = first + [{**c, "PIECES": 0} for c in configs[DEFAULT_TUNE_CONFIGS:]], len(first)
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(m, "BM", None), n_grid, (batch, None, "SPLIT")],
-                        flops=2 * spec.m * spec.n * spec.k * spec.batch)
+                        flops=2 * spec.m * spec.n * spec.k * spec.batch, default_tune=default_tune)
 
 
 # Shared memory a config's operand pipeline may take: the H200 gives a block 227 KiB, and the
@@ -284,7 +371,7 @@ def _configs(spec: GemmSpec) -> list[dict[str, int]]:
     Small problems (batch-1 feature maps of 20x20 or 40x40) need small tiles and split-k to give
     the 132 multiprocessors enough programs; large ones want large tiles for reuse. The order
     comes from timing every candidate of YOLOv5s's kernels on an H200 (FUSEGRAPH_TUNING_REPORT):
-    the default tune times the first DEFAULT_TUNE_CONFIGS (compiler.py).
+    the default tune times the first DEFAULT_TUNE_CONFIGS (kernel_source.py).
     """
     kmax = 64
     if spec.taps:
