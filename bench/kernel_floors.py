@@ -1,13 +1,17 @@
 """Per-kernel table of YOLOv5s: each fusegraph kernel's time against its own floor.
 
 Reads the per-kernel lines of a `fusegraph perf` report (measured on the GPU) and joins them
-with each kernel's bytes and FLOPs, counted here from the same fused program: bytes are every
-input read once (the view's elements for a slice of a larger buffer; not a buffer the kernel
-only writes into) plus the elements it stores; FLOPs are 2*M*N*K of its matrix product. The
-floor is the larger of bytes over the copy bandwidth and FLOPs over the matrix rate; the table
-is sorted by time lost (time minus floor), so the next kernel to work on comes first.
+with each kernel's bytes, FLOPs and special-function operations, counted here from the same
+fused program: bytes are every input read once (the view's elements for a slice of a larger
+buffer; not a buffer the kernel only writes into) plus the elements it stores; FLOPs are
+2*M*N*K of its matrix product; special-function operations (exp2, reciprocal, ...: 16 a clock
+per multiprocessor) are SPECIAL_OPS per element of each op that needs them. The floor is the
+largest of bytes over the copy bandwidth, FLOPs over the matrix rate and special-function
+operations over their rate; the table is sorted by time lost (time minus floor), so the next
+kernel to work on comes first.
 
     python3 bench/kernel_floors.py PERF_LOG [--model yolov5s] [--fp16] [--bandwidth 4.2e12] [--flops 7.9e14]
+                                   [--special 4.2e12]
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ import re
 import sys
 from pathlib import Path
 
+# special-function operations per element, as Triton lowers the op on sm_90 (the sigmoid:
+# `ex2.approx` and the reciprocal inside `div.full`, in the PTX of the YOLOv5s kernels)
+SPECIAL_OPS = {"sigmoid": 2, "exp": 1, "log": 1, "sqrt": 1, "tanh": 2, "sin": 1, "cos": 1}
 LINE = re.compile(r"^(@\d+) = (\S+)\(.*\) -> .*: ([0-9.]+)ms, \d+%$")
 
 
-def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, str]]:
-    """For each fused instruction, by its printed name: kernel name, bytes, FLOPs, output shape."""
+def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, int, str]]:
+    """For each fused instruction, by its printed name: kernel name, bytes, FLOPs,
+    special-function operations, output shape."""
     from fusegraph import parse_onnx
     from fusegraph.ir.dtypes import DType
     from fusegraph.passes.pipeline import fuse
@@ -43,7 +51,8 @@ def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, str]]
         nbytes = sum(x.shape.elements * x.shape.dtype.itemsize for p, x in zip(params, ins.inputs) if id(p) in read)
         (ret,) = module.returns
         stored = math.prod(ret.op.attrs["map"].out_lens) * ret.shape.dtype.itemsize
-        out[f"@{pos}"] = (ins.op.attrs["kernel"], nbytes + stored, src.flops, "x".join(map(str, ins.shape.lens)))
+        special = sum(SPECIAL_OPS.get(i.op.name, 0) * i.shape.elements for i in module)
+        out[f"@{pos}"] = (ins.op.attrs["kernel"], nbytes + stored, src.flops, special, "x".join(map(str, ins.shape.lens)))
     return out
 
 
@@ -54,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp16", action="store_true", default=True)
     ap.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s (measured copy bandwidth)")
     ap.add_argument("--flops", type=float, default=7.9e14, help="FLOP/s (measured dense fp16/bf16 matrix rate)")
+    ap.add_argument("--special", type=float, default=4.2e12,
+                    help="special-function operations/s (16 a clock on each of the H200's 132 multiprocessors at 1.98 GHz)")
     args = ap.parse_args(argv)
     times = {}
     for line in args.perf_log.read_text().splitlines():
@@ -63,20 +74,22 @@ def main(argv: list[str] | None = None) -> int:
     costs = kernel_costs(args.model, args.fp16)
     rows = []
     for name, (kernel, us) in times.items():
-        k2, nbytes, flops, shape = costs[name]
+        k2, nbytes, flops, special, shape = costs[name]
         assert k2 == kernel, f"{name}: the log says {kernel}, the program {k2}"
-        floor = max(nbytes / args.bandwidth, flops / args.flops) * 1e6
-        rows.append((us - floor, name, kernel, shape, us, nbytes, flops, floor))
+        floor = max(nbytes / args.bandwidth, flops / args.flops, special / args.special) * 1e6
+        rows.append((us - floor, name, kernel, shape, us, nbytes, flops, special, floor))
     rows.sort(reverse=True)
     total = sum(r[4] for r in rows)
-    total_floor = sum(r[7] for r in rows)
-    print(f"| kernel | name | output | time us | bytes | MFLOP | floor us | time / floor | lost us |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for lost, name, kernel, shape, us, nbytes, flops, floor in rows:
-        print(f"| {name} | {kernel} | {shape} | {us:.1f} | {nbytes / 1e6:.2f} MB | {flops / 1e6:.0f} | {floor:.2f} | "
-              f"{us / floor:.1f}x | {lost:.1f} |")
-    print(f"\nsum of kernel times {total:.1f} us, sum of floors {total_floor:.1f} us "
-          f"(bandwidth {args.bandwidth / 1e12:.1f} TB/s, matrix rate {args.flops / 1e12:.0f} TFLOP/s)")
+    total_floor = sum(r[8] for r in rows)
+    total_special = sum(r[7] for r in rows) / args.special * 1e6
+    print("| kernel | name | output | time us | bytes | MFLOP | special Mop | floor us | time / floor | lost us |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for lost, name, kernel, shape, us, nbytes, flops, special, floor in rows:
+        print(f"| {name} | {kernel} | {shape} | {us:.1f} | {nbytes / 1e6:.2f} MB | {flops / 1e6:.0f} | {special / 1e6:.1f} | "
+              f"{floor:.2f} | {us / floor:.1f}x | {lost:.1f} |")
+    print(f"\nsum of kernel times {total:.1f} us, sum of floors {total_floor:.1f} us (bandwidth "
+          f"{args.bandwidth / 1e12:.1f} TB/s, matrix rate {args.flops / 1e12:.0f} TFLOP/s, special functions "
+          f"{args.special / 1e12:.1f} Top/s); the special-function operations alone take {total_special:.1f} us")
     return 0
 
 
