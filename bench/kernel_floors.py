@@ -25,7 +25,7 @@ from pathlib import Path
 # special-function operations per element, as Triton lowers the op on sm_90 (the sigmoid:
 # `ex2.approx` and the reciprocal inside `div.full`, in the PTX of the YOLOv5s kernels)
 SPECIAL_OPS = {"sigmoid": 2, "exp": 1, "log": 1, "sqrt": 1, "tanh": 2, "sin": 1, "cos": 1}
-LINE = re.compile(r"^(@\d+) = (\S+)\(.*\) -> .*: ([0-9.]+)ms, \d+%$")
+LINE = re.compile(r"^(@\d+) = (\S+)\(.*\) -> .*: ([0-9.]+)ms, \d+%(?:  \[.*\])?$")  # a config may follow
 
 
 def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, int, str]]:

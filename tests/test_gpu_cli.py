@@ -46,3 +46,21 @@ def test_verify_gpu_target_fp16(tmp_path, capsys):
 def test_perf_without_gpu_says_so(tmp_path, capsys):
     assert main(["perf", _model(tmp_path), "--no-tune"]) == 2
     assert "perf needs a GPU" in capsys.readouterr().err
+
+
+def test_perf_line_shows_the_chosen_config_and_stays_readable(tmp_path):
+    """`perf --configs` puts each kernel's launch config after its time; the per-kernel table of
+    bench/kernel_floors.py still reads the line (kernel, time)."""
+    from bench.kernel_floors import LINE
+    from fusegraph import parse_onnx
+    from fusegraph.driver.perf import kernel_line
+
+    compiled = parse_onnx(onnx.load(_model(tmp_path))).compile(target="gpu", tune=False)
+    (k,) = compiled.kernels
+    names = {id(ins): f"@{pos}" for pos, ins in enumerate(compiled.program.main.instructions)}
+    plain, shown = kernel_line(k, 0.0125, 0.05, names), kernel_line(k, 0.0125, 0.05, names, config=True)
+    assert shown.startswith(plain + "  [BM=") and shown.endswith(f"num_stages={k.config['num_stages']}]")
+    assert all(f"{key}={value}" in shown[len(plain):] for key, value in k.config.items())
+    for line in (plain, shown):
+        m = LINE.match(line)
+        assert m and m.group(2) == "conv_add_sigmoid_mul" and float(m.group(3)) == 0.0125, line

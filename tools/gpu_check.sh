@@ -30,7 +30,7 @@ for s in $steps; do
     gpu_tests) step gpu_tests timeout 300 $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py ;;
     verify_fp32) step verify_fp32 timeout 300 $py -m fusegraph.driver.cli verify yolov5s --target gpu ;;
     verify_fp16) step verify_fp16 timeout 60 $py -m fusegraph.driver.cli verify yolov5s --target gpu --fp16 ;;
-    perf_fp16) step perf_fp16 timeout 70 $py -m fusegraph.driver.cli perf yolov5s --fp16 --trace "$out/yolov5s_fp16_trace.json" ;;
+    perf_fp16) step perf_fp16 timeout 70 $py -m fusegraph.driver.cli perf yolov5s --fp16 --configs --trace "$out/yolov5s_fp16_trace.json" ;;
     perf_fp16_cached) step perf_fp16_cached timeout 40 $py -m fusegraph.driver.cli perf yolov5s --fp16 ;;
     perf_fp16_exhaustive) step perf_fp16_exhaustive timeout 300 env FUSEGRAPH_CACHE_DIR=/tmp/fusegraph-cache-exhaustive FUSEGRAPH_TUNING_REPORT="$out/tuning_exhaustive.jsonl" $py -m fusegraph.driver.cli perf yolov5s --fp16 --exhaustive-tune ;;
     head_bench) step head_bench timeout 300 $py bench/head.py ;;

@@ -146,7 +146,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
         print("fusegraph: error: perf needs a GPU (kernels run under the Triton interpreter here)", file=sys.stderr)
         return 2
     compiled.run(load_inputs(args.input, program.input_shapes, args.seed))
-    print(perf_report(compiled, args.iterations))
+    print(perf_report(compiled, args.iterations, args.configs))
     if args.trace:
         with open(args.trace, "w") as f:
             f.write(chrome_trace(compiled))
@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "perf":
             p.add_argument("-n", "--iterations", type=int, default=100, help="timed runs (default 100)")
             p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (JSON) of one run")
+            p.add_argument("--configs", action="store_true",
+                           help="show each kernel's launch config (tile sizes, warps, stages) after its time")
         if name == "compile":
             p.add_argument("--print", action="store_true", help="print the fused program")
             p.add_argument("--trace-passes", action="store_true",

@@ -15,19 +15,23 @@ from typing import Any
 import numpy as np
 
 
-def kernel_line(kernel: Any, ms: float, total: float, names: dict[int, str]) -> str:
-    """`@7 = conv_add_sigmoid_mul(@5,@1,@6) -> half_type, {...}, {...}: 0.0065ms, 1%`, names as printed."""
+def kernel_line(kernel: Any, ms: float, total: float, names: dict[int, str], config: bool = False) -> str:
+    """`@7 = conv_add_sigmoid_mul(@5,@1,@6) -> half_type, {...}, {...}: 0.0065ms, 1%`, names as
+    printed; with `config`, the launch config the tuner chose follows in brackets."""
     ins = kernel.ins
     args = ",".join(names.get(id(x), "?") for x in ins.inputs)
-    return f"{names[id(ins)]} = {kernel.src.kernel_name}({args}) -> {ins.shape}: {ms:.4f}ms, {100 * ms / total:.0f}%"
+    line = f"{names[id(ins)]} = {kernel.src.kernel_name}({args}) -> {ins.shape}: {ms:.4f}ms, {100 * ms / total:.0f}%"
+    if config:
+        line += "  [" + " ".join(f"{k}={v}" for k, v in kernel.config.items()) + "]"
+    return line
 
 
-def perf_report(compiled: Any, iterations: int) -> str:
+def perf_report(compiled: Any, iterations: int, configs: bool = False) -> str:
     kernel_ms = compiled.time_kernels(iterations)
     runs = np.array(compiled.time_runs(max(iterations, 20)))
     total_kernels = float(sum(kernel_ms))
     names = {id(ins): f"@{pos}" for pos, ins in enumerate(compiled.program.main.instructions)}
-    lines = [kernel_line(k, ms, total_kernels, names) for k, ms in zip(compiled.kernels, kernel_ms)]
+    lines = [kernel_line(k, ms, total_kernels, names, configs) for k, ms in zip(compiled.kernels, kernel_ms)]
     lines.append("")
     lines.append("Summary:")
     groups: dict[str, list[float]] = {}
