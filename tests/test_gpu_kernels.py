@@ -136,15 +136,21 @@ def test_period_aligned_head_under_every_config(cin, per):
     program = parse_onnx(_head(cin, h=3, w=5, per=per))
     compiled = program.compile(target="gpu", tune=False)
     (k,) = compiled.kernels
-    rng = np.random.default_rng(11)
-    for config in k.src.configs:
-        k.config = config
-        x = rng.standard_normal((1, cin, 3, 5)).astype(np.float32)
-        compiled.poison()
-        got = compiled.run({"x": x})["y"]
-        assert not np.isnan(got).any(), config
-        assert rel_err(got, program.run({"x": x})["y"]) < TOL, config
+    _run_configs(program, compiled, k.src.configs, np.random.default_rng(11))
     assert any(c.get("PIECES") for c in k.src.configs) == (per != 17)
+
+
+def _run_configs(program, compiled, configs, rng) -> None:
+    """Run the one kernel of `compiled` under each config, on fresh inputs, against the reference."""
+    (k,) = compiled.kernels
+    (name, shape), = program.input_shapes.items()
+    for config in configs:
+        k.config = config
+        x = rng.standard_normal(shape.lens).astype(np.float32)
+        compiled.poison()
+        got = compiled.run({name: x})["y"]
+        assert not np.isnan(got).any(), config
+        assert rel_err(got, program.run({name: x})["y"]) < TOL, config
 
 
 def test_detection_head_in_column_pieces():
@@ -156,14 +162,7 @@ def test_detection_head_in_column_pieces():
     (k,) = compiled.kernels
     tried = k.src.configs[:k.src.default_tune]
     assert {c["PIECES"] for c in tried} == {0, 1}
-    rng = np.random.default_rng()
-    for config in tried:
-        k.config = config
-        x = rng.standard_normal((1, 8, 3, 5)).astype(np.float32)
-        compiled.poison()
-        got = compiled.run({"x": x})["y"]
-        assert not np.isnan(got).any(), config
-        assert rel_err(got, program.run({"x": x})["y"]) < TOL, config
+    _run_configs(program, compiled, tried, np.random.default_rng())
 
 
 @pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0)])

@@ -147,70 +147,6 @@ class Columns:
     bound: str | None
 
 
-class _Product:
-    """Emits a product's k loop and epilogue for given column blocks: a template's kernel may
-    hold two ways to compute the same tile, chosen by a constexpr, each in its own scope."""
-
-    def __init__(self, w: KernelWriter, spec: GemmSpec, anchor: Instruction, module: Module, dtype: DType,
-                 allow_tf32: bool, interpret: bool, acc_of: dict[int, str]) -> None:
-        self.w, self.spec, self.anchor, self.module, self.dtype = w, spec, anchor, module, dtype
-        self.allow_tf32, self.interpret, self.acc_of = allow_tf32, interpret, acc_of
-
-    def emit(self, blocks: list[Columns], split: bool) -> None:
-        w, spec, dtype = self.w, self.spec, self.dtype
-        acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
-        for b in blocks:
-            w.emit(f"{b.acc} = tl.zeros([BM, {b.width}], dtype={acc_t})")
-        w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
-        w.indent += 1
-        if spec.taps:  # chunks never straddle taps: BK divides the channels
-            channels = spec.k // spec.taps
-            w.emit(f"tap = k0 // {channels}")
-            # the chunk's start is a multiple of BK: said outright, since Triton 3.6 loses that through
-            # `%` and then loads the A tile element by element instead of in 16-byte copies
-            w.emit(f"rk = tl.multiple_of(k0 % {channels}, BK) + tl.arange(0, BK)")
-            k_bounds: tuple[str | None, str | None] = (None, None)
-        else:
-            w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
-            k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
-        m_bound = f"(rm[:, None] < {spec.m})"
-        ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
-        conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
-        a_in, b_in = self.anchor.inputs
-        w.raw_loads = {id(x) for x in self.anchor.inputs if x.op.name == "load"}
-        av = w.value(a_in, ta, spec.a_index, tuple(conds))
-        if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
-            av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
-        a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
-        if not spec.taps and not a_masked:  # lanes past k must add nothing, also where A's index ignores k
-            av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
-        operand = TRITON_TYPES[dtype]
-        if self.interpret and dtype == DType.bfloat16:
-            operand = "tl.float32"  # the interpreter's bf16 dot is wrong
-        precision = "" if dtype != DType.float32 else (
-            ', input_precision="tf32"' if self.allow_tf32 else ', input_precision="ieee"')
-        # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
-        a_tile = f"tl.broadcast_to({av}, [BM, BK]).to({operand})"
-        for b in blocks:
-            tb = Tile({"rk": "rk[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
-                      {"rk": k_bounds[1], "rn": b.bound})
-            b_tile = f"tl.broadcast_to({w.value(b_in, tb, spec.b_index)}, [BK, {b.width}]).to({operand})"
-            if dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
-                w.emit(f"{b.acc} += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
-            else:
-                w.emit(f"{b.acc} = tl.dot({a_tile}, {b_tile}, {b.acc}{precision})")
-        w.indent -= 1
-        if split:
-            _split_k_fixup(w)
-        else:
-            w.emit("last = tl.full([1, 1], 1, tl.int1)")
-        (ret,) = self.module.returns
-        for b in blocks:
-            te = Tile({"rm": "rm[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "nq": "pid_n"}, {"rm": m_bound, "rn": b.bound})
-            self.acc_of[id(te)] = b.acc
-            w.store(ret, te, self.spec.out_index, ("last",))
-
-
 def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction,
                 allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
     spec = conv_spec(anchor) if anchor.op.name == "convolution" else dot_spec(anchor)
@@ -232,6 +168,62 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         return acc_of[id(tile)]
 
     w = KernelWriter(module, inputs, {id(anchor): acc_value})
+
+    def emit_product(blocks: list[Columns], split: bool) -> None:
+        """The k loop and epilogue for `blocks`; a kernel may hold two of them, each in its own
+        constexpr branch, over the same tile."""
+        acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
+        for b in blocks:
+            w.emit(f"{b.acc} = tl.zeros([BM, {b.width}], dtype={acc_t})")
+        w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
+        w.indent += 1
+        if spec.taps:  # chunks never straddle taps: BK divides the channels
+            channels = spec.k // spec.taps
+            w.emit(f"tap = k0 // {channels}")
+            # the chunk's start is a multiple of BK: said outright, since Triton 3.6 loses that through
+            # `%` and then loads the A tile element by element instead of in 16-byte copies
+            w.emit(f"rk = tl.multiple_of(k0 % {channels}, BK) + tl.arange(0, BK)")
+            k_bounds: tuple[str | None, str | None] = (None, None)
+        else:
+            w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
+            k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
+        m_bound = f"(rm[:, None] < {spec.m})"
+        ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
+        conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
+        a_in, b_in = anchor.inputs
+        w.raw_loads = {id(x) for x in anchor.inputs if x.op.name == "load"}
+        av = w.value(a_in, ta, spec.a_index, tuple(conds))
+        if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
+            av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
+        a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+        if not spec.taps and not a_masked:  # lanes past k must add nothing, also where A's index ignores k
+            av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
+        operand = TRITON_TYPES[dtype]
+        if interpret and dtype == DType.bfloat16:
+            operand = "tl.float32"  # the interpreter's bf16 dot is wrong
+        precision = "" if dtype != DType.float32 else (
+            ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
+        # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
+        a_tile = f"tl.broadcast_to({av}, [BM, BK]).to({operand})"
+        for b in blocks:
+            tb = Tile({"rk": "rk[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
+                      {"rk": k_bounds[1], "rn": b.bound})
+            b_tile = f"tl.broadcast_to({w.value(b_in, tb, spec.b_index)}, [BK, {b.width}]).to({operand})"
+            if dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
+                w.emit(f"{b.acc} += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
+            else:
+                w.emit(f"{b.acc} = tl.dot({a_tile}, {b_tile}, {b.acc}{precision})")
+        w.indent -= 1
+        if split:
+            _split_k_fixup(w)
+        else:
+            w.emit("last = tl.full([1, 1], 1, tl.int1)")
+        (ret,) = module.returns
+        for b in blocks:
+            te = Tile({"rm": "rm[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "nq": "pid_n"}, {"rm": m_bound, "rn": b.bound})
+            acc_of[id(te)] = b.acc
+            w.store(ret, te, spec.out_index, ("last",))
+
     w.emit("pid_m = tl.program_id(0)")
     w.emit("pid_n = tl.program_id(1)")
     w.emit("gz = tl.program_id(2) // SPLIT")
@@ -243,7 +235,6 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
     whole = [Columns("acc", "rn", "BN", n_bound)]
     pieces = column_pieces(stored_width(module, out_index, tile), tile) if period and dtype != DType.float64 else []
-    product = _Product(w, spec, anchor, module, dtype, allow_tf32, interpret, acc_of)
     if pieces:  # PIECES (a tuning choice): the period's columns as two narrower products
         w.emit("if PIECES:")
         w.indent += 1
@@ -252,14 +243,14 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
             w.emit(f"rn{j} = {start} + tl.arange(0, {size})" if start else f"rn{j} = tl.arange(0, {size})")
             bound = f"(rn{j}[None, :] < {period})" if start + size > period < tile else None
             blocks.append(Columns(f"acc{j}", f"rn{j}", str(size), bound))
-        product.emit(blocks, split=False)
+        emit_product(blocks, split=False)
         w.indent -= 1
         w.emit("else:")
         w.indent += 1
-        product.emit(whole, split=True)
+        emit_product(whole, split=True)
         w.indent -= 1
     else:
-        product.emit(whole, split=True)
+        emit_product(whole, split=True)
     args = w.arg_list() + ["ws", "cnt"]
     body = signature(name, args, ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else [])) + "\n" + "\n".join(w.lines) + "\n"
     configs = _configs(spec)
