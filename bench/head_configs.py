@@ -38,15 +38,25 @@ from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.templates.gemm import PIPELINE_BYTES, pipeline_bytes
 
 
-def grid_configs(cin: int, pieces: bool) -> list[dict[str, int]]:
-    """BM x BK x warps x stages, BN the 128-wide period tile, no split; with `pieces` each also
-    with the tile's columns computed as two narrower products (PIECES, `templates/gemm.py`)."""
+def grid_configs(cin: int, flags: dict[str, int]) -> list[dict[str, int]]:
+    """BM x BK x warps x stages, BN the 128-wide period tile, no split; for a kernel with the
+    PIECES flag each also with the tile's columns computed as two narrower products, and with
+    the MT flag also 2 to 4 row tiles per program under a resident weight tile (BK the whole k:
+    `templates/gemm.py`). Stages 1 comes last: a config that fails on the GPU may leave the
+    CUDA context unusable for the configs after it."""
+    pieces = (0, 1) if "PIECES" in flags else (None,)
+    tiles = [(bm, bk, warps, stages, 1) for stages in (2, 3, 4, 1)
+             for bm, bk, warps in itertools.product((32, 64, 128), (32, 64, 128), (4, 8))]
+    if "MT" in flags:
+        tiles += [(bm, cin, warps, stages, mt) for stages in (2, 3, 4)
+                  for bm, warps, mt in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
     out = []
-    for bm, bk, warps, stages, piece in itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3, 4),
-                                                           (0, 1) if pieces else (None,)):
+    for (bm, bk, warps, stages, mt), piece in itertools.product(tiles, pieces):
         c = {"BM": bm, "BN": 128, "BK": bk, "SPLIT": 1, "num_warps": warps, "num_stages": stages}
         if piece is not None:
             c["PIECES"] = piece
+        if "MT" in flags:
+            c["MT"] = mt
         if cin % bk == 0 and pipeline_bytes(c, 2) <= PIPELINE_BYTES:
             out.append(c)
     return out
@@ -85,7 +95,7 @@ def time_launch(launch: Callable[[], None], iters: int) -> tuple[float, float]:
 
 def sweep(head: Head, iters: int, tolerance: float) -> Table:
     kernel, args = head.kernel, head.args
-    configs = grid_configs(head.level.cin, "PIECES" in kernel.src.configs[0])
+    configs = grid_configs(head.level.cin, kernel.src.configs[0])
     compile_all([(kernel.src, [torch_dtype(b.shape.dtype) for b in kernel.args], c) for c in configs])
     rows = []
     for c in configs:
@@ -96,35 +106,39 @@ def sweep(head: Head, iters: int, tolerance: float) -> Table:
             launch()
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a config Triton rejects is a row, not a crash
-            rows.append((float("inf"), c, f"failed: {type(e).__name__}"))
+            rows.append((float("inf"), c, f"failed: {type(e).__name__}: {e}"[:160].replace("\n", " ")))
             continue
         ok = check(head.compiled.outputs()["y"], head.ref, tolerance)
         cold, hot = time_launch(launch, iters)
         rows.append((cold, c, f"{hot:.2f}" + ("" if ok.ok else f" WRONG {ok.err:.1e}")))
     rows.sort(key=lambda r: r[0])
     table = Table(f"head {head.level.label}: chosen {kernel.config}",
-                  ["BM", "BK", "warps", "stages", "pieces", "GPU us cold", "GPU us hot"])
+                  ["BM", "BK", "warps", "stages", "pieces", "row tiles", "GPU us cold", "GPU us hot"])
     for cold, c, hot in rows:
-        table.add(c["BM"], c["BK"], c["num_warps"], c["num_stages"], c.get("PIECES", "-"), f"{cold:.2f}", hot)
+        table.add(c["BM"], c["BK"], c["num_warps"], c["num_stages"], c.get("PIECES", "-"), c.get("MT", "-"),
+                  f"{cold:.2f}", hot)
     return table
 
 
 STORE = re.compile(r"^(\s*)tl\.store\(out \+ (.*), (v\d+)\.to\(tl\.float16\)\, mask=(.*)\)$")
 
 
-def _rewrite(body: str, loop: str | None = None, sigmoid: bool = True, store: str | None = None) -> str:
-    """The kernel body with its k loop's range, its sigmoid or its store replaced."""
+def _rewrite(body: str, product: bool = True, sigmoid: bool = True, store: str | None = None) -> str:
+    """The kernel body with its products (`tl.dot`), its sigmoid or its store replaced. Every
+    constexpr branch is rewritten alike, so the variant holds whichever the config takes."""
     lines = body.split("\n")
     for i, line in enumerate(lines):
         stripped = line.strip()
-        if loop is not None and stripped.startswith("for k0 in range("):
-            lines[i] = line[: line.index("for")] + f"for k0 in range({loop}):"
+        if not product and re.match(r"acc\d* = tl\.dot\(", stripped):  # the operand loads then go unused too
+            lines[i] = line[: line.index("acc")] + "pass"
         elif not sigmoid and "= tl.sigmoid(" in stripped:
             lines[i] = line.replace("tl.sigmoid(", "(")
         elif store is not None and (m := STORE.match(line)):
             indent, address, value, mask = m.groups()
             rn = re.search(r"\b(rn\d*)\[None, :\]", address)
-            lines[i] = indent + store.format(address=address, value=value, mask=mask, rn=rn.group(1) if rn else "rn")
+            rm = re.search(r"\b(rmt?)\[:, None\]", address)
+            lines[i] = indent + store.format(address=address, value=value, mask=mask, rn=rn.group(1) if rn else "rn",
+                                             rm=rm.group(1) if rm else "rm")
     out = "\n".join(lines)
     if out == body:
         raise ValueError("the kernel body has none of the lines the variant rewrites")
@@ -137,13 +151,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "full": ("nothing: the kernel as generated", {}),
     "no-sigmoid": ("the sigmoid", {"sigmoid": False}),
     "aligned-store": ("the 85-wide rows: every tile stores 128 columns into a scratch buffer of 16-byte aligned rows",
-                      {"store": "tl.store(ws + (pid_n * tl.num_programs(0) * BM + rm[:, None]) * BN + {rn}[None, :], "
+                      {"store": "tl.store(ws + (pid_n * tl.num_programs(0) * ROWS + {rm}[:, None]) * BN + {rn}[None, :], "
                                 "{value}.to(tl.float16))"}),
     "one-row-store": ("all stores but each tile's first row", {"store": "tl.store(out + {address}, {value}.to(tl.float16), "
                                                                         "mask={mask} & (tl.arange(0, BM)[:, None] == 0))"}),
-    "no-product": ("the k loop (no operand loads, no MMA)", {"loop": "0, 0, BK"}),
-    "launch-only": ("the k loop and all stores but one row", {
-        "loop": "0, 0, BK",
+    "no-product": ("the products (no operand loads, no MMA)", {"product": False}),
+    "launch-only": ("the products and all stores but one row", {
+        "product": False,
         "store": "tl.store(out + {address}, {value}.to(tl.float16), mask={mask} & (tl.arange(0, BM)[:, None] == 0))"}),
 }
 
@@ -152,10 +166,12 @@ def variant(kernel: Any, args: list[Any], config: dict[str, int], name: str) -> 
     """A launcher of `kernel` rewritten as VARIANTS[name] under `config`, and its scratch
     buffer (passed as the split-k workspace, which a SPLIT 1 kernel does not otherwise use)."""
     grid = kernel.src.grid(config)
-    scratch = torch.zeros(grid[0] * grid[1] * config["BM"] * config["BN"], dtype=torch.float16, device=args[0].device)
+    rows = config["BM"] * config.get("MT", 1)  # output rows (pixels) per program
+    scratch = torch.zeros(grid[0] * grid[1] * rows * config["BN"], dtype=torch.float16, device=args[0].device)
     args = [scratch if a == "ws" else t for a, t in zip(kernel.src.args, args)]
     change = VARIANTS[name][1]
-    fn = load_kernel(replace(kernel.src, body=_rewrite(kernel.src.body, **change) if change else kernel.src.body))
+    body = _rewrite(kernel.src.body, **change).replace("ROWS", str(rows)) if change else kernel.src.body
+    fn = load_kernel(replace(kernel.src, body=body))
     constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
 
     def launch() -> None:
