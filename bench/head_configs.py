@@ -45,11 +45,12 @@ def grid_configs(cin: int, flags: dict[str, int]) -> list[dict[str, int]]:
     `templates/gemm.py`). Stages 1 comes last: a config that fails on the GPU may leave the
     CUDA context unusable for the configs after it."""
     pieces = (0, 1) if "PIECES" in flags else (None,)
-    tiles = [(bm, bk, warps, stages, 1) for stages in (2, 3, 4, 1)
-             for bm, bk, warps in itertools.product((32, 64, 128), (32, 64, 128), (4, 8))]
+    plain = list(itertools.product((32, 64, 128), (32, 64, 128), (4, 8)))
+    tiles = [(bm, bk, warps, stages, 1) for stages in (2, 3, 4) for bm, bk, warps in plain]
     if "MT" in flags:
         tiles += [(bm, cin, warps, stages, mt) for stages in (2, 3, 4)
                   for bm, warps, mt in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
+    tiles += [(bm, bk, warps, 1, 1) for bm, bk, warps in plain]
     out = []
     for (bm, bk, warps, stages, mt), piece in itertools.product(tiles, pieces):
         c = {"BM": bm, "BN": 128, "BK": bk, "SPLIT": 1, "num_warps": warps, "num_stages": stages}

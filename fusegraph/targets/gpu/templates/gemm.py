@@ -319,15 +319,17 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         n_grid = (n // period, None, None)
     configs = _fitting(configs, dtype.itemsize)
     default_tune = 0
-    if pieces or resident:
+    if period:  # four period candidates, then the general ones: the default tune takes one more than usual
+        base = DEFAULT_TUNE_CONFIGS + 1
+
         def variants(c: dict[str, int]) -> list[dict[str, int]]:
             """`c`, then `c` in pieces right after it (not with split-k, which pieces lack)."""
             if not pieces:
                 return [c]
             return [{**c, "PIECES": 0}] + ([{**c, "PIECES": 1}] if c["SPLIT"] == 1 else [])
 
-        first = [t for c in configs[:DEFAULT_TUNE_CONFIGS] for t in variants(c)]
-        rest = [variants(c)[0] for c in configs[DEFAULT_TUNE_CONFIGS:]]
+        first = [t for c in configs[:base] for t in variants(c)]
+        rest = [variants(c)[0] for c in configs[base:]]
         if resident:  # the default tune also times the resident-weight shapes
             shapes = _fitting(_resident_configs(spec, tile), dtype.itemsize, fallback=False)
             first = [{**c, "MT": 1} for c in first] + [t for c in shapes for t in variants(c)]
@@ -410,7 +412,8 @@ def _period_configs(spec: GemmSpec, tile: int) -> list[dict[str, int]]:
         bk = 128 if channels % 128 == 0 else 64 if channels % 64 == 0 else 32
     out = [{"BM": 64, "BN": tile, "BK": bk, "SPLIT": 1, "num_warps": 8, "num_stages": 4},
            {"BM": 64, "BN": tile, "BK": min(bk, 64), "SPLIT": 1, "num_warps": 8, "num_stages": 4},
-           {"BM": 32, "BN": tile, "BK": bk, "SPLIT": 1, "num_warps": 4, "num_stages": 4}]
+           {"BM": 32, "BN": tile, "BK": bk, "SPLIT": 1, "num_warps": 4, "num_stages": 4},
+           {"BM": 64, "BN": tile, "BK": min(bk, 32), "SPLIT": 1, "num_warps": 4, "num_stages": 3}]
     return [c for c in out if spec.taps or c["BK"] <= max(16, spec.k)]
 
 
