@@ -38,26 +38,17 @@ from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.templates.gemm import PIPELINE_BYTES, pipeline_bytes
 
 
-def grid_configs(cin: int, flags: dict[str, int]) -> list[dict[str, int]]:
-    """BM x BK x warps x stages, BN the 128-wide period tile, no split; for a kernel with the
-    PIECES flag each also with the tile's columns computed as two narrower products, and with
-    the MT flag also 2 to 4 row tiles per program under a resident weight tile (BK the whole k:
-    `templates/gemm.py`). Stages 1 comes last: a config that fails on the GPU may leave the
-    CUDA context unusable for the configs after it."""
-    pieces = (0, 1) if "PIECES" in flags else (None,)
+def grid_configs(cin: int, pieces: bool) -> list[dict[str, int]]:
+    """BM x BK x warps x stages, BN the 128-wide period tile, no split; with `pieces` each also
+    with the tile's columns computed as two narrower products (PIECES, `templates/gemm.py`). Stages 1 comes last: under Triton 3.6 some of its configs in pieces
+    make an illegal memory access on the H200, after which the CUDA context is unusable."""
     plain = list(itertools.product((32, 64, 128), (32, 64, 128), (4, 8)))
-    tiles = [(bm, bk, warps, stages, 1) for stages in (2, 3, 4) for bm, bk, warps in plain]
-    if "MT" in flags:
-        tiles += [(bm, cin, warps, stages, mt) for stages in (2, 3, 4)
-                  for bm, warps, mt in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
-    tiles += [(bm, bk, warps, 1, 1) for bm, bk, warps in plain]
+    tiles = [(bm, bk, warps, stages) for stages in (2, 3, 4, 1) for bm, bk, warps in plain]
     out = []
-    for (bm, bk, warps, stages, mt), piece in itertools.product(tiles, pieces):
+    for (bm, bk, warps, stages), piece in itertools.product(tiles, (0, 1) if pieces else (None,)):
         c = {"BM": bm, "BN": 128, "BK": bk, "SPLIT": 1, "num_warps": warps, "num_stages": stages}
         if piece is not None:
             c["PIECES"] = piece
-        if "MT" in flags:
-            c["MT"] = mt
         if cin % bk == 0 and pipeline_bytes(c, 2) <= PIPELINE_BYTES:
             out.append(c)
     return out
@@ -96,7 +87,7 @@ def time_launch(launch: Callable[[], None], iters: int) -> tuple[float, float]:
 
 def sweep(head: Head, iters: int, tolerance: float) -> Table:
     kernel, args = head.kernel, head.args
-    configs = grid_configs(head.level.cin, kernel.src.configs[0])
+    configs = grid_configs(head.level.cin, "PIECES" in kernel.src.configs[0])
     compile_all([(kernel.src, [torch_dtype(b.shape.dtype) for b in kernel.args], c) for c in configs])
     rows = []
     for c in configs:
@@ -114,10 +105,9 @@ def sweep(head: Head, iters: int, tolerance: float) -> Table:
         rows.append((cold, c, f"{hot:.2f}" + ("" if ok.ok else f" WRONG {ok.err:.1e}")))
     rows.sort(key=lambda r: r[0])
     table = Table(f"head {head.level.label}: chosen {kernel.config}",
-                  ["BM", "BK", "warps", "stages", "pieces", "row tiles", "GPU us cold", "GPU us hot"])
+                  ["BM", "BK", "warps", "stages", "pieces", "GPU us cold", "GPU us hot"])
     for cold, c, hot in rows:
-        table.add(c["BM"], c["BK"], c["num_warps"], c["num_stages"], c.get("PIECES", "-"), c.get("MT", "-"),
-                  f"{cold:.2f}", hot)
+        table.add(c["BM"], c["BK"], c["num_warps"], c["num_stages"], c.get("PIECES", "-"), f"{cold:.2f}", hot)
     return table
 
 
@@ -137,9 +127,7 @@ def _rewrite(body: str, product: bool = True, sigmoid: bool = True, store: str |
         elif store is not None and (m := STORE.match(line)):
             indent, address, value, mask = m.groups()
             rn = re.search(r"\b(rn\d*)\[None, :\]", address)
-            rm = re.search(r"\b(rmt?)\[:, None\]", address)
-            lines[i] = indent + store.format(address=address, value=value, mask=mask, rn=rn.group(1) if rn else "rn",
-                                             rm=rm.group(1) if rm else "rm")
+            lines[i] = indent + store.format(address=address, value=value, mask=mask, rn=rn.group(1) if rn else "rn")
     out = "\n".join(lines)
     if out == body:
         raise ValueError("the kernel body has none of the lines the variant rewrites")
@@ -152,7 +140,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "full": ("nothing: the kernel as generated", {}),
     "no-sigmoid": ("the sigmoid", {"sigmoid": False}),
     "aligned-store": ("the 85-wide rows: every tile stores 128 columns into a scratch buffer of 16-byte aligned rows",
-                      {"store": "tl.store(ws + (pid_n * tl.num_programs(0) * ROWS + {rm}[:, None]) * BN + {rn}[None, :], "
+                      {"store": "tl.store(ws + (pid_n * tl.num_programs(0) * BM + rm[:, None]) * BN + {rn}[None, :], "
                                 "{value}.to(tl.float16))"}),
     "one-row-store": ("all stores but each tile's first row", {"store": "tl.store(out + {address}, {value}.to(tl.float16), "
                                                                         "mask={mask} & (tl.arange(0, BM)[:, None] == 0))"}),
@@ -167,12 +155,10 @@ def variant(kernel: Any, args: list[Any], config: dict[str, int], name: str) -> 
     """A launcher of `kernel` rewritten as VARIANTS[name] under `config`, and its scratch
     buffer (passed as the split-k workspace, which a SPLIT 1 kernel does not otherwise use)."""
     grid = kernel.src.grid(config)
-    rows = config["BM"] * config.get("MT", 1)  # output rows (pixels) per program
-    scratch = torch.zeros(grid[0] * grid[1] * rows * config["BN"], dtype=torch.float16, device=args[0].device)
+    scratch = torch.zeros(grid[0] * grid[1] * config["BM"] * config["BN"], dtype=torch.float16, device=args[0].device)
     args = [scratch if a == "ws" else t for a, t in zip(kernel.src.args, args)]
     change = VARIANTS[name][1]
-    body = _rewrite(kernel.src.body, **change).replace("ROWS", str(rows)) if change else kernel.src.body
-    fn = load_kernel(replace(kernel.src, body=body))
+    fn = load_kernel(replace(kernel.src, body=_rewrite(kernel.src.body, **change) if change else kernel.src.body))
     constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
 
     def launch() -> None:

@@ -165,20 +165,6 @@ def test_detection_head_in_column_pieces():
     _run_configs(program, compiled, tried, np.random.default_rng())
 
 
-@pytest.mark.parametrize("per", [85, 17])
-def test_head_rows_under_resident_weights(per):
-    """Two and four 64-row tiles per program under a weight tile loaded once (MT), whole and in
-    column pieces (85 of 128 columns), and a period of 17 (a 32-wide tile, no pieces): 17x19
-    pixels end inside the last program's tiles, some of whose row tiles lie wholly past the end."""
-    program = parse_onnx(_head(64, h=17, w=19, per=per))
-    compiled = program.compile(target="gpu", tune=False)
-    (k,) = compiled.kernels
-    resident = [c for c in k.src.configs[:k.src.default_tune] if c["MT"] > 1]
-    assert {(c["MT"], c.get("PIECES", 0)) for c in resident} == {(2, 0), (4, 0)} | ({(2, 1), (4, 1)} if per == 85 else set())
-    assert all(c["BK"] == 64 for c in resident)  # the whole k in one chunk
-    _run_configs(program, compiled, resident, np.random.default_rng())
-
-
 @pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0)])
 def test_matmul(a, b, trans_b):
     if len(a) == 2:

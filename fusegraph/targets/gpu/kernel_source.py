@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 
 LIBDEVICE = {
@@ -42,8 +41,7 @@ class KernelSource:
     body: str
     args: list[str]
     configs: list[Config]
-    # per grid axis: extent, the config keys dividing it (a block size, or a product "BM*MT"),
-    # the key multiplying it
+    # per grid axis: extent, the config key dividing it (a block size), the key multiplying it
     grid_dims: list[tuple[int, str | None, str | None]]
     flops: int = 0
     interpret: bool = False
@@ -54,7 +52,7 @@ class KernelSource:
         return HEADER.format(libdevice=LIBDEVICE[self.interpret]) + "\n\n" + self.body
 
     def grid(self, config: Config) -> tuple[int, ...]:
-        return tuple((cdiv(n, block_size(config, b)) if b else n) * (config[m] if m else 1) for n, b, m in self.grid_dims)
+        return tuple((cdiv(n, config[b]) if b else n) * (config[m] if m else 1) for n, b, m in self.grid_dims)
 
     @property
     def digest(self) -> str:
@@ -63,12 +61,6 @@ class KernelSource:
     @staticmethod
     def constexpr_names(config: Config) -> list[str]:
         return [k for k in config if k not in ("num_warps", "num_stages")]
-
-
-def block_size(config: Config, block: str) -> int:
-    """The extent one program covers along a grid axis: a config key, or a product of keys
-    (`BM*MT`: MT row tiles of BM rows)."""
-    return math.prod(config[k] for k in block.split("*"))
 
 
 def cdiv(a: int, b: int) -> int:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, Var, free_vars, subexpressions, substitute
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, KernelSource, block_size, signature
+from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile, var
 
 
@@ -170,51 +169,10 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
 
     w = KernelWriter(module, inputs, {id(anchor): acc_value})
 
-    a_in, b_in = anchor.inputs
-    w.raw_loads = {id(x) for x in anchor.inputs if x.op.name == "load"}
-    operand = TRITON_TYPES[dtype]
-    if interpret and dtype == DType.bfloat16:
-        operand = "tl.float32"  # the interpreter's bf16 dot is wrong
-    precision = "" if dtype != DType.float32 else (
-        ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
-    acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
-
-    def a_operand(rows: str, k_bound: str | None, whole_k: bool) -> str:
-        """The [BM, BK] A tile of rows `rows` (zero outside the image and past k)."""
-        m_bound = f"({rows}[:, None] < {spec.m})"
-        ta = Tile({"rm": f"{rows}[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bound})
-        conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
-        av = w.value(a_in, ta, spec.a_index, tuple(conds))
-        if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
-            av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
-        a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
-        if not whole_k and not spec.taps and not a_masked:  # lanes past k must add nothing, also where A's index ignores k
-            av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
-        # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
-        return f"tl.broadcast_to({av}, [BM, BK]).to({operand})"
-
-    def b_operand(b: Columns, k_bound: str | None) -> str:
-        tb = Tile({"rk": "rk[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
-                  {"rk": k_bound, "rn": b.bound})
-        return f"tl.broadcast_to({w.value(b_in, tb, spec.b_index)}, [BK, {b.width}]).to({operand})"
-
-    def accumulate(b: Columns, a_tile: str, b_tile: str) -> None:
-        if dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
-            w.emit(f"{b.acc} += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
-        else:
-            w.emit(f"{b.acc} = tl.dot({a_tile}, {b_tile}, {b.acc}{precision})")
-
-    def epilogue(blocks: list[Columns], rows: str) -> None:
-        (ret,) = module.returns
-        for b in blocks:
-            te = Tile({"rm": f"{rows}[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "nq": "pid_n"},
-                      {"rm": f"({rows}[:, None] < {spec.m})", "rn": b.bound})
-            acc_of[id(te)] = b.acc
-            w.store(ret, te, spec.out_index, ("last",))
-
     def emit_product(blocks: list[Columns], split: bool) -> None:
-        """The k loop and epilogue for `blocks`; a kernel may hold several of them, each in its
-        own constexpr branch, over the same tile."""
+        """The k loop and epilogue for `blocks`; a kernel may hold two of them, each in its own
+        constexpr branch, over the same tile."""
+        acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
         for b in blocks:
             w.emit(f"{b.acc} = tl.zeros([BM, {b.width}], dtype={acc_t})")
         w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
@@ -229,36 +187,42 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         else:
             w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
             k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
-        a_tile = a_operand("rm", k_bounds[0], whole_k=False)
+        m_bound = f"(rm[:, None] < {spec.m})"
+        ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
+        conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
+        a_in, b_in = anchor.inputs
+        w.raw_loads = {id(x) for x in anchor.inputs if x.op.name == "load"}
+        av = w.value(a_in, ta, spec.a_index, tuple(conds))
+        if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
+            av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
+        a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+        if not spec.taps and not a_masked:  # lanes past k must add nothing, also where A's index ignores k
+            av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
+        operand = TRITON_TYPES[dtype]
+        if interpret and dtype == DType.bfloat16:
+            operand = "tl.float32"  # the interpreter's bf16 dot is wrong
+        precision = "" if dtype != DType.float32 else (
+            ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
+        # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
+        a_tile = f"tl.broadcast_to({av}, [BM, BK]).to({operand})"
         for b in blocks:
-            accumulate(b, a_tile, b_operand(b, k_bounds[1]))
+            tb = Tile({"rk": "rk[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
+                      {"rk": k_bounds[1], "rn": b.bound})
+            b_tile = f"tl.broadcast_to({w.value(b_in, tb, spec.b_index)}, [BK, {b.width}]).to({operand})"
+            if dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
+                w.emit(f"{b.acc} += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
+            else:
+                w.emit(f"{b.acc} = tl.dot({a_tile}, {b_tile}, {b.acc}{precision})")
         w.indent -= 1
         if split:
             _split_k_fixup(w)
         else:
             w.emit("last = tl.full([1, 1], 1, tl.int1)")
-        epilogue(blocks, "rm")
-
-    def emit_resident(blocks: list[Columns]) -> None:
-        """MT row tiles per program under one weight tile, loaded once: k fits one chunk
-        (BK == k), so the loop runs over row tiles and Triton's pipeline fetches the next A tile
-        during this one's epilogue. At 80x80 the detection head's 300 programs otherwise each
-        read their anchor's whole weight tile, two thirds of its traffic from L2
-        (`bench/results/head-ablate.md`)."""
-        if spec.taps:
-            w.emit("tap = 0")
-        w.emit("rk = tl.arange(0, BK)")
-        weights = [w.let(b_operand(b, None), "wt") for b in blocks]
-        w.emit("last = tl.full([1, 1], 1, tl.int1)")
-        w.emit("for t in range(MT):")
-        w.indent += 1
-        w.emit("rmt = (pid_m * MT + t) * BM + tl.arange(0, BM)")
-        a_tile = a_operand("rmt", None, whole_k=True)
-        for b, wt in zip(blocks, weights):
-            w.emit(f"{b.acc} = tl.zeros([BM, {b.width}], dtype={acc_t})")
-            accumulate(b, a_tile, wt)
-        epilogue(blocks, "rmt")
-        w.indent -= 1
+        (ret,) = module.returns
+        for b in blocks:
+            te = Tile({"rm": "rm[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "nq": "pid_n"}, {"rm": m_bound, "rn": b.bound})
+            acc_of[id(te)] = b.acc
+            w.store(ret, te, spec.out_index, ("last",))
 
     w.emit("pid_m = tl.program_id(0)")
     w.emit("pid_n = tl.program_id(1)")
@@ -271,43 +235,24 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
     whole = [Columns("acc", "rn", "BN", n_bound)]
     pieces = column_pieces(stored_width(module, out_index, tile), tile) if period and dtype != DType.float64 else []
-    piece_blocks = []
-    for j, (start, size) in enumerate(pieces):  # PIECES (a tuning choice): the period's columns as two narrower products
-        w.emit(f"rn{j} = {start} + tl.arange(0, {size})" if start else f"rn{j} = tl.arange(0, {size})")
-        bound = f"(rn{j}[None, :] < {period})" if start + size > period < tile else None
-        piece_blocks.append(Columns(f"acc{j}", f"rn{j}", str(size), bound))
-    resident = bool(period) and spec.taps <= 1 and dtype != DType.float64 and spec.k in RESIDENT_K
-
-    def choose(flag: str, if_set: Callable[[], None], if_not: Callable[[], None]) -> None:
-        """One constexpr branch per value of a tuning flag: Triton compiles only the taken one."""
-        w.emit(f"if {flag}:")
+    if pieces:  # PIECES (a tuning choice): the period's columns as two narrower products
+        w.emit("if PIECES:")
         w.indent += 1
-        if_set()
+        blocks = []
+        for j, (start, size) in enumerate(pieces):
+            w.emit(f"rn{j} = {start} + tl.arange(0, {size})" if start else f"rn{j} = tl.arange(0, {size})")
+            bound = f"(rn{j}[None, :] < {period})" if start + size > period < tile else None
+            blocks.append(Columns(f"acc{j}", f"rn{j}", str(size), bound))
+        emit_product(blocks, split=False)
         w.indent -= 1
         w.emit("else:")
         w.indent += 1
-        if_not()
+        emit_product(whole, split=True)
         w.indent -= 1
-
-    def product() -> None:
-        if pieces:
-            choose("PIECES", lambda: emit_product(piece_blocks, split=False), lambda: emit_product(whole, split=True))
-        else:
-            emit_product(whole, split=True)
-
-    def resident_product() -> None:
-        if pieces:
-            choose("PIECES", lambda: emit_resident(piece_blocks), lambda: emit_resident(whole))
-        else:
-            emit_resident(whole)
-
-    if resident:  # MT (a tuning choice): row tiles per program under a resident weight tile
-        choose("MT > 1", resident_product, product)
     else:
-        product()
+        emit_product(whole, split=True)
     args = w.arg_list() + ["ws", "cnt"]
-    flags = (["PIECES"] if pieces else []) + (["MT"] if resident else [])
-    body = signature(name, args, ["BM", "BN", "BK", "SPLIT"] + flags) + "\n" + "\n".join(w.lines) + "\n"
+    body = signature(name, args, ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else [])) + "\n" + "\n".join(w.lines) + "\n"
     configs = _configs(spec)
     if dtype == DType.float64:  # small tiles for the summed products; the split-k workspace is float32
         configs = [{"BM": 16, "BN": 16, "BK": 16, "SPLIT": 1, "num_warps": 4, "num_stages": 1}]
@@ -318,25 +263,13 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         configs = [c for k, c in enumerate(configs) if c not in configs[:k]]
         n_grid = (n // period, None, None)
     configs = _fitting(configs, dtype.itemsize)
-    default_tune = 0
-    if period:  # four period candidates, then the general ones: the default tune takes one more than usual
-        base = DEFAULT_TUNE_CONFIGS + 1
-
-        def variants(c: dict[str, int]) -> list[dict[str, int]]:
-            """`c`, then `c` in pieces right after it (not with split-k, which pieces lack)."""
-            if not pieces:
-                return [c]
-            return [{**c, "PIECES": 0}] + ([{**c, "PIECES": 1}] if c["SPLIT"] == 1 else [])
-
-        first = [t for c in configs[:base] for t in variants(c)]
-        rest = [variants(c)[0] for c in configs[base:]]
-        if resident:  # the default tune also times the resident-weight shapes
-            shapes = _fitting(_resident_configs(spec, tile), dtype.itemsize, fallback=False)
-            first = [{**c, "MT": 1} for c in first] + [t for c in shapes for t in variants(c)]
-            rest = [{**c, "MT": 1} for c in rest]
-        configs, default_tune = first + rest, len(first)
+    default_tune = DEFAULT_TUNE_CONFIGS + 1 if period else 0  # four period candidates, then the general ones
+    if pieces:  # each default candidate without split-k is also tried in pieces, right after itself
+        first = [t for c in configs[:default_tune]
+                 for t in [{**c, "PIECES": 0}] + ([{**c, "PIECES": 1}] if c["SPLIT"] == 1 else [])]
+        configs, default_tune = first + [{**c, "PIECES": 0} for c in configs[default_tune:]], len(first)
     return KernelSource(name, kernel, "gemm", body, args, configs,
-                        [(m, "BM*MT" if resident else "BM", None), n_grid, (batch, None, "SPLIT")],
+                        [(m, "BM", None), n_grid, (batch, None, "SPLIT")],
                         flops=2 * spec.m * spec.n * spec.k * spec.batch, default_tune=default_tune)
 
 
@@ -349,21 +282,16 @@ def pipeline_bytes(config: dict[str, int], itemsize: int) -> int:
     """Shared memory of the operand tiles Triton keeps in flight, counted as num_stages copies
     of the A and B tiles: Triton 3.6 takes 196608 bytes for BM 64, BN 128, BK 128 and 4 stages
     in fp16 (four copies) and 147456 for 128x256x64 with 3 stages (three), on sm_90 with the
-    launcher's 16-byte aligned pointers. A resident weight tile (MT > 1) is one copy."""
-    a, b = config["BM"] * config["BK"], config["BK"] * config["BN"]
-    if config.get("MT", 1) > 1:
-        return (config["num_stages"] * a + b) * itemsize
-    return config["num_stages"] * (a + b) * itemsize
+    launcher's 16-byte aligned pointers."""
+    tiles = config["BM"] * config["BK"] + config["BK"] * config["BN"]
+    return config["num_stages"] * tiles * itemsize
 
 
-def _fitting(configs: list[dict[str, int]], itemsize: int, fallback: bool = True) -> list[dict[str, int]]:
-    """The configs whose pipeline fits in shared memory (with `fallback`, the smallest one if
-    none does): the candidate lists are written for 2-byte operands, and a float32 product
-    doubles the bytes."""
+def _fitting(configs: list[dict[str, int]], itemsize: int) -> list[dict[str, int]]:
+    """The configs whose pipeline fits in shared memory (the smallest one if none does): the
+    candidate lists are written for 2-byte operands, and a float32 product doubles the bytes."""
     fits = [c for c in configs if pipeline_bytes(c, itemsize) <= PIPELINE_BYTES]
-    if fits or not fallback:
-        return fits
-    return [min(configs, key=lambda c: pipeline_bytes(c, itemsize))]
+    return fits or [min(configs, key=lambda c: pipeline_bytes(c, itemsize))]
 
 
 def _split_k_fixup(w: KernelWriter) -> None:
@@ -395,16 +323,16 @@ def workspace_elements(src: KernelSource, config: dict[str, int]) -> tuple[int, 
         return 0, 0
     tiles = 1
     for extent, block, _ in src.grid_dims:
-        tiles *= -(-extent // block_size(config, block)) if block else extent
+        tiles *= -(-extent // config[block]) if block else extent
     return tiles * config["BM"] * config["BN"], tiles
 
 
 def _period_configs(spec: GemmSpec, tile: int) -> list[dict[str, int]]:
     """First candidates of a period-aligned product (the detection head): eight warps share the
     [BM, tile] epilogue, which costs as much as the product; long k chunks where the channels
-    allow. The general list follows, so the default tune also times 64-row four-warp tiles:
-    `bench/results/head-configs.md` has every tile of the 80x80 head on an H200, 6.6 to 11.6 us
-    with L2 cold; the default six reach 6.7 (the best, 6.6) and the fastest hot one (5.8 us)."""
+    allow; then the 64x32 four-warp tile that `bench/results/head-configs.md` found fastest for
+    the 80x80 head on an H200 (6.3 us with L2 cold, in pieces; every tile runs in 6.3 to 9.9).
+    The general list follows, so the default tune also times the other 64-row four-warp tiles."""
     channels = spec.k // spec.taps if spec.taps else spec.k
     if spec.taps:  # a chunk must not straddle two taps (the k loop has no bound then)
         bk = max(b for b in (16, 32, 64, 128) if channels % b == 0)
@@ -415,17 +343,6 @@ def _period_configs(spec: GemmSpec, tile: int) -> list[dict[str, int]]:
            {"BM": 32, "BN": tile, "BK": bk, "SPLIT": 1, "num_warps": 4, "num_stages": 4},
            {"BM": 64, "BN": tile, "BK": min(bk, 32), "SPLIT": 1, "num_warps": 4, "num_stages": 3}]
     return [c for c in out if spec.taps or c["BK"] <= max(16, spec.k)]
-
-
-# Reductions short enough for one chunk under a resident weight tile (MT > 1)
-RESIDENT_K = (16, 32, 64, 128)
-
-
-def _resident_configs(spec: GemmSpec, tile: int) -> list[dict[str, int]]:
-    """Resident-weight candidates of a period-aligned product (BK is the whole k): two or four
-    64-row tiles per program. Only where there are more row tiles than that."""
-    out = [{"BM": 64, "BN": tile, "BK": spec.k, "SPLIT": 1, "num_warps": 4, "num_stages": 3, "MT": mt} for mt in (2, 4)]
-    return [c for c in out if spec.m > c["BM"] * c["MT"]]
 
 
 # Problems of at least this many 64x128 tiles (three waves on 132 multiprocessors: YOLOv5s at
