@@ -6,7 +6,7 @@ grid (BM, BK, warps, stages; BN is the anchor's 128-wide tile), checks the outpu
 float32 reference and reads the kernel's GPU time from the profiler, L2 flushed before each
 run (cold) and back to back (hot). Prints one table per level, fastest cold first.
 
-With `--ablate` it times the tuned kernel with parts cut out instead (the sigmoid, the k loop,
+With `--ablate` it times the tuned kernel with parts cut out instead (the sigmoid, the products,
 the odd-width stores): the differences between the rows say where the time goes. Those
 variants compute wrong outputs on purpose and are not checked.
 
@@ -40,8 +40,9 @@ from fusegraph.targets.gpu.templates.gemm import PIPELINE_BYTES, pipeline_bytes
 
 def grid_configs(cin: int, pieces: bool) -> list[dict[str, int]]:
     """BM x BK x warps x stages, BN the 128-wide period tile, no split; with `pieces` each also
-    with the tile's columns computed as two narrower products (PIECES, `templates/gemm.py`). Stages 1 comes last: under Triton 3.6 some of its configs in pieces
-    make an illegal memory access on the H200, after which the CUDA context is unusable."""
+    with the tile's columns computed as two narrower products (PIECES, `templates/gemm.py`).
+    Stages 1 comes last: under Triton 3.6 some of its configs in pieces make an illegal memory
+    access on the H200, after which the CUDA context is unusable."""
     plain = list(itertools.product((32, 64, 128), (32, 64, 128), (4, 8)))
     tiles = [(bm, bk, warps, stages) for stages in (2, 3, 4, 1) for bm, bk, warps in plain]
     out = []

@@ -168,11 +168,20 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         return acc_of[id(tile)]
 
     w = KernelWriter(module, inputs, {id(anchor): acc_value})
+    a_in, b_in = anchor.inputs
+    w.raw_loads = {id(x) for x in anchor.inputs if x.op.name == "load"}
+    a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+    m_bound = f"(rm[:, None] < {spec.m})"
+    acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
+    operand = TRITON_TYPES[dtype]
+    if interpret and dtype == DType.bfloat16:
+        operand = "tl.float32"  # the interpreter's bf16 dot is wrong
+    precision = "" if dtype != DType.float32 else (
+        ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
 
     def emit_product(blocks: list[Columns], split: bool) -> None:
         """The k loop and epilogue for `blocks`; a kernel may hold two of them, each in its own
         constexpr branch, over the same tile."""
-        acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
         for b in blocks:
             w.emit(f"{b.acc} = tl.zeros([BM, {b.width}], dtype={acc_t})")
         w.emit(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):")
@@ -187,22 +196,13 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         else:
             w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
             k_bounds = (f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})")
-        m_bound = f"(rm[:, None] < {spec.m})"
         ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": m_bound, "rk": k_bounds[0]})
         conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
-        a_in, b_in = anchor.inputs
-        w.raw_loads = {id(x) for x in anchor.inputs if x.op.name == "load"}
         av = w.value(a_in, ta, spec.a_index, tuple(conds))
         if conds and a_in.op.name != "load":  # a computed prologue is zero in the padding too
             av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
-        a_masked = a_in.op.name == "load" and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
         if not spec.taps and not a_masked:  # lanes past k must add nothing, also where A's index ignores k
             av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
-        operand = TRITON_TYPES[dtype]
-        if interpret and dtype == DType.bfloat16:
-            operand = "tl.float32"  # the interpreter's bf16 dot is wrong
-        precision = "" if dtype != DType.float32 else (
-            ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
         # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
         a_tile = f"tl.broadcast_to({av}, [BM, BK]).to({operand})"
         for b in blocks:
@@ -263,7 +263,9 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
         configs = [c for k, c in enumerate(configs) if c not in configs[:k]]
         n_grid = (n // period, None, None)
     configs = _fitting(configs, dtype.itemsize)
-    default_tune = DEFAULT_TUNE_CONFIGS + 1 if period else 0  # four period candidates, then the general ones
+    # a head times one candidate more than other kernels: its four period candidates come ahead
+    # of the general list, of which it then still times three
+    default_tune = DEFAULT_TUNE_CONFIGS + 1 if period else 0
     if pieces:  # each default candidate without split-k is also tried in pieces, right after itself
         first = [t for c in configs[:default_tune]
                  for t in [{**c, "PIECES": 0}] + ([{**c, "PIECES": 1}] if c["SPLIT"] == 1 else [])]
@@ -331,7 +333,7 @@ def _period_configs(spec: GemmSpec, tile: int) -> list[dict[str, int]]:
     """First candidates of a period-aligned product (the detection head): eight warps share the
     [BM, tile] epilogue, which costs as much as the product; long k chunks where the channels
     allow; then the 64x32 four-warp tile that `bench/results/head-configs.md` found fastest for
-    the 80x80 head on an H200 (6.3 us with L2 cold, in pieces; every tile runs in 6.3 to 9.9).
+    the 80x80 head on an H200 (6.3 us with L2 cold, in pieces; the other tiles run in 6.4 to 27).
     The general list follows, so the default tune also times the other 64-row four-warp tiles."""
     channels = spec.k // spec.taps if spec.taps else spec.k
     if spec.taps:  # a chunk must not straddle two taps (the k loop has no bound then)
