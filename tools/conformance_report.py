@@ -2,7 +2,7 @@
 
 Runs every node test of the installed onnx and the nine light models through fusegraph's
 reference backend and through ONNX Runtime (CPU), with the harness and the exclusion list of
-tests/test_conformance.py, and prints one row per op: fusegraph's pass/skip/fail/excluded
+tests/conformance/test_conformance.py, and prints one row per op: fusegraph's pass/skip/fail/excluded
 counts, how many cases ONNX Runtime passes, and how many of those fusegraph skips. Then it lists
 every failure and exclusion with its reason, every case ONNX Runtime passes that fusegraph
 fails (the goal is none), and the cases fusegraph declines although it has a parser for the op

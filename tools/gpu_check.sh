@@ -27,7 +27,7 @@ step() {  # step NAME timeout SECONDS COMMAND...: the timeout shrinks to fit the
 steps=${STEPS:-"perf_fp16 perf_fp16_cached verify_fp16 verify_fp32 gpu_tests"}
 for s in $steps; do
   case $s in
-    gpu_tests) step gpu_tests timeout 300 $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_kernels.py ;;
+    gpu_tests) step gpu_tests timeout 300 $py -m pytest -q -x -p no:cacheprovider tests/gpu/test_gpu_kernels.py ;;
     verify_fp32) step verify_fp32 timeout 300 $py -m fusegraph.driver.cli verify yolov5s --target gpu ;;
     verify_fp16) step verify_fp16 timeout 60 $py -m fusegraph.driver.cli verify yolov5s --target gpu --fp16 ;;
     perf_fp16) step perf_fp16 timeout 70 $py -m fusegraph.driver.cli perf yolov5s --fp16 --configs --trace "$out/yolov5s_fp16_trace.json" ;;
@@ -41,10 +41,10 @@ for s in $steps; do
     yolov5s_b32_full) step yolov5s_b32_full timeout 200 $py bench/yolov5s.py --batch 32 --only fusegraph,eager-graph,compile ;;
     yolov5s_b1_max_autotune) step yolov5s_b1_max_autotune timeout 420 $py bench/yolov5s.py --batch 1 --max-autotune --only fusegraph,compile-max-autotune ;;
     yolov5s_b32_max_autotune) step yolov5s_b32_max_autotune timeout 540 $py bench/yolov5s.py --batch 32 --max-autotune --only fusegraph,compile-max-autotune ;;
-    node_subset) step node_subset timeout 120 $py -m pytest -q -p no:cacheprovider -rfE tests/test_conformance_gpu.py -k "${NODE_K:-double}" ;;
-    node_tests) step node_tests timeout 200 $py -m pytest -q -p no:cacheprovider -n 15 -rfE -m "not slow" tests/test_conformance_gpu.py ;;
-    kernel_tests_fast) step kernel_tests_fast timeout 150 $py -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/test_gpu_kernels.py tests/test_gpu_zoo.py tests/test_gpu_cli.py ;;
-    kernel_tests) step kernel_tests timeout 120 $py -m pytest -q -p no:cacheprovider -n 15 tests/test_gpu_kernels.py tests/test_gpu_zoo.py tests/test_gpu_cli.py ;;
+    node_subset) step node_subset timeout 120 $py -m pytest -q -p no:cacheprovider -rfE tests/conformance/test_conformance_gpu.py -k "${NODE_K:-double}" ;;
+    node_tests) step node_tests timeout 200 $py -m pytest -q -p no:cacheprovider -n 15 -rfE -m "not slow" tests/conformance/test_conformance_gpu.py ;;
+    kernel_tests_fast) step kernel_tests_fast timeout 150 $py -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_zoo.py tests/gpu/test_gpu_cli.py ;;
+    kernel_tests) step kernel_tests timeout 120 $py -m pytest -q -p no:cacheprovider -n 15 tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_zoo.py tests/gpu/test_gpu_cli.py ;;
     *) echo "unknown step $s" ;;
   esac
 done

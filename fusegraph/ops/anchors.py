@@ -50,9 +50,17 @@ class Convolution(Op):
 
     name = "convolution"
     kind = OpKind.ANCHOR
+    family = "gemm"
+    weight_input = 1
 
     def __init__(self, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], group: int = 1) -> None:
         super().__init__(padding=tuple(padding), stride=tuple(stride), dilation=tuple(dilation), group=int(group))
+
+    def channel_axis(self, rank: int) -> int:
+        return 1
+
+    def weight_channel_axis(self, rank: int) -> int:
+        return 0
 
     def out_spatial(self, x: Sequence[int], kernel: Sequence[int]) -> list[int]:
         k = len(kernel)
@@ -98,6 +106,14 @@ class Dot(Op):
 
     name = "dot"
     kind = OpKind.ANCHOR
+    family = "gemm"
+    weight_input = 1
+
+    def channel_axis(self, rank: int) -> int:
+        return rank - 1
+
+    def weight_channel_axis(self, rank: int) -> int:
+        return rank - 1
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         a, b = inputs
@@ -119,12 +135,16 @@ class Pooling(Op):
 
     name = "pooling"
     kind = OpKind.ANCHOR
+    family = "window"
 
     def __init__(self, mode: str, lengths: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                  dilation: Sequence[int] | None = None, ceil_mode: bool = False, count_include_pad: bool = False) -> None:
         dilation = tuple(dilation) if dilation is not None else (1,) * len(lengths)
         super().__init__(mode=mode, lengths=tuple(lengths), stride=tuple(stride), padding=tuple(padding),
                          dilation=dilation, ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
+
+    def channel_axis(self, rank: int) -> int:
+        return 1
 
     def out_spatial(self, x: Sequence[int]) -> list[int]:
         k = len(self.lengths)

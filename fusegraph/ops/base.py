@@ -1,30 +1,77 @@
-"""The operator base class and registry.
+"""The operator base class, its traits and the registry.
 
 Every operator is defined once, here in `ops/`: its name, attributes, shape inference, NumPy
-reference and kind. The kind is what the fusion passes reason about: pointwise ops fuse with
-each other, views become index maps, anchors (convolution, dot, pooling) take a prologue and
-an epilogue, reductions fuse with their pointwise neighbours, data movement runs on its own.
+reference and its traits. Passes, the memory plan and code generation ask an op for a trait,
+never for its name, so a new op is one class here (plus its ONNX parser and, for a GPU
+template, its spelling there):
+
+* `kind`: how fusion treats it. Pointwise ops fuse with each other, views become index maps,
+  anchors (convolution, dot, pooling) take a prologue and an epilogue, reductions fuse with a
+  recomputed pointwise prologue, data movement runs on its own; `MEMORY` ops (load, store,
+  allocate) exist only inside fused groups.
+* `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`);
+  empty for ops no template lowers by themselves.
+* views: `input_map` (output index -> the input index it reads), `bijective`, `keeps_order`.
+* anchors: `channel_axis`, `weight_input`, `weight_channel_axis`.
+* reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
+  and finalize as target-neutral scalar ops.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, ClassVar, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import ml_dtypes
 import numpy as np
 
 from fusegraph.ir.shape import Shape
 
+if TYPE_CHECKING:
+    from fusegraph.ir.index_map import IndexMap
+    from fusegraph.ir.program import Instruction
+
 
 class OpKind(enum.Enum):
-    SOURCE = "source"  # parameters and literals
+    """How fusion treats an op."""
+
+    PARAM = "param"  # a program input
+    LITERAL = "literal"  # a constant tensor
     POINTWISE = "pointwise"  # out[i] = f(in0[i], in1[i], ...), all inputs of the output's lens
     VIEW = "view"  # reindexing without arithmetic: reshape, transpose, broadcast, slice, ...
-    REDUCE = "reduce"  # reductions and the ops built on them: reduce_*, softmax, layernorm
+    REDUCE = "reduce"  # reductions and the ops built on them (softmax, layernorm, lrn): fused with a recomputed prologue
     ANCHOR = "anchor"  # convolution, dot, pooling: compute-heavy ops that host fused epilogues
     MOVE = "move"  # data movement that is not a view: concat, gather, pad, resize
+    MEMORY = "memory"  # inside fused groups only: load, store, allocate (see `Op.memory`)
     FUSED = "fused"  # a fused group with a sub-module
+
+    @property
+    def is_source(self) -> bool:
+        """Parameters and literals: instructions that read nothing and compute nothing."""
+        return self in (OpKind.PARAM, OpKind.LITERAL)
+
+
+class MemoryKind(enum.Enum):
+    """What a MEMORY op does to a fused group's buffers."""
+
+    LOAD = "load"  # read an input through an index map
+    STORE = "store"  # write a value into a buffer through an index map
+    ALLOCATE = "allocate"  # a fresh output buffer
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A reduction that folds its elements with one binary pointwise op.
+
+    `identity` is the fold's start value, `combine` the name of the pointwise op that folds two
+    partial results, `finalize` (if any) the name of a binary pointwise op applied to the
+    result and the number of reduced elements (`div` for a mean). Targets spell these ops.
+    """
+
+    identity: float
+    combine: str
+    finalize: str | None = None
 
 
 class Op:
@@ -37,6 +84,16 @@ class Op:
 
     name: ClassVar[str] = ""
     kind: ClassVar[OpKind] = OpKind.POINTWISE
+    family: ClassVar[str] = ""  # the GPU template family that lowers it; "" if none does
+    memory: ClassVar[MemoryKind | None] = None  # for MEMORY ops
+    # views
+    bijective: ClassVar[bool] = False  # the input map is invertible (reshape, transpose, ...)
+    keeps_order: ClassVar[bool] = False  # changes lens only: row-major element order is kept
+    # anchors
+    weight_input: ClassVar[int | None] = None  # which input holds the weights
+    # reductions
+    algorithm: ClassVar[str] = ""  # how the reduction template computes it: fold, softmax, layernorm, arg
+    reduction: ClassVar[Reduction | None] = None  # for algorithm "fold"
 
     def __init__(self, **attrs: Any) -> None:
         self.attrs: dict[str, Any] = {k: _freeze(v) for k, v in attrs.items()}
@@ -52,6 +109,22 @@ class Op:
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         raise NotImplementedError
+
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> "IndexMap | None":
+        """For a view: the map from an output index to the input index it reads; else None."""
+        return None
+
+    def channel_axis(self, rank: int) -> int:
+        """For an anchor: the axis of its output channels in an output of rank `rank`."""
+        raise NotImplementedError(f"{self.name} has no channel axis")
+
+    def weight_channel_axis(self, rank: int) -> int:
+        """For an anchor with weights: the axis of output channels in a weight of rank `rank`."""
+        raise NotImplementedError(f"{self.name} has no weights")
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        """For a reduction: the axes of an input of rank `rank` it reduces over."""
+        raise NotImplementedError(f"{self.name} reduces nothing")
 
     def attr_text(self) -> str:
         """Attributes as printed between brackets, MIGraphX style: `padding={1,1},stride={1,1}`."""
@@ -101,6 +174,38 @@ def make_op(name: str, **attrs: Any) -> Op:
     except KeyError:
         raise KeyError(f"unknown op {name!r}") from None
     return cls(**attrs)
+
+
+def input_map_of(ins: "Instruction") -> "IndexMap | None":
+    """The map from an index of `ins`'s output to the index of its input it reads, or None
+    when `ins` is not a view (or has an empty dimension, which needs no map)."""
+    if ins.shape.elements == 0 or not ins.inputs or ins.inputs[0].shape.elements == 0:
+        return None
+    return ins.op.input_map(ins.inputs[0].shape.lens, ins.shape.lens)
+
+
+def is_param(ins: "Instruction") -> bool:
+    return ins.op.kind == OpKind.PARAM
+
+
+def is_literal(ins: "Instruction") -> bool:
+    return ins.op.kind == OpKind.LITERAL
+
+
+def is_fused(ins: "Instruction") -> bool:
+    return ins.op.kind == OpKind.FUSED
+
+
+def is_load(ins: "Instruction") -> bool:
+    return ins.op.memory == MemoryKind.LOAD
+
+
+def is_store(ins: "Instruction") -> bool:
+    return ins.op.memory == MemoryKind.STORE
+
+
+def is_allocate(ins: "Instruction") -> bool:
+    return ins.op.memory == MemoryKind.ALLOCATE
 
 
 def is_float(dtype: np.dtype | type) -> bool:

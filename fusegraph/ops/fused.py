@@ -22,7 +22,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Expr, evaluate
 from fusegraph.ir.index_map import IndexMap
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import Op, OpKind, is_float, register, require
+from fusegraph.ops.base import MemoryKind, Op, OpKind, is_float, register, require
 
 Domain = tuple[tuple[Expr, int, int], ...]
 
@@ -67,7 +67,8 @@ class Load(MappedOp):
     """Read input 0 at `map(i)` for every index i of the map's domain (zero outside `domain`)."""
 
     name = "load"
-    kind = OpKind.VIEW
+    kind = OpKind.MEMORY
+    memory = MemoryKind.LOAD
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         (x,) = inputs
@@ -93,7 +94,8 @@ class Store(MappedOp):
     """Write input 1 (on the map's domain) into a copy of buffer input 0 at `map(i)`."""
 
     name = "store"
-    kind = OpKind.MOVE
+    kind = OpKind.MEMORY
+    memory = MemoryKind.STORE
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         dest, value = inputs
@@ -125,7 +127,8 @@ class Allocate(Op):
     that misses an element shows up in every comparison."""
 
     name = "allocate"
-    kind = OpKind.SOURCE
+    kind = OpKind.MEMORY
+    memory = MemoryKind.ALLOCATE
 
     def __init__(self, dtype: DType, lens: Sequence[int]) -> None:
         super().__init__(dtype=dtype, lens=tuple(int(n) for n in lens))

@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from fusegraph.ir.index_expr import Const, Expr
+from fusegraph.ir.index_map import IndexMap, reshape_map
 from fusegraph.ir.shape import Shape
 from fusegraph.ops.base import Op, OpKind, register, require
 
@@ -20,6 +22,7 @@ from fusegraph.ops.base import Op, OpKind, register, require
 class Concat(Op):
     name = "concat"
     kind = OpKind.MOVE
+    family = "movement"
 
     def __init__(self, axis: int) -> None:
         super().__init__(axis=int(axis))
@@ -47,6 +50,7 @@ class Gather(Op):
 
     name = "gather"
     kind = OpKind.MOVE
+    family = "movement"
 
     def __init__(self, axis: int) -> None:
         super().__init__(axis=int(axis))
@@ -72,6 +76,7 @@ class Pad(Op):
 
     name = "pad"
     kind = OpKind.MOVE
+    family = "movement"
 
     def __init__(self, pads: Sequence[int], mode: str = "constant", value: float = 0.0) -> None:
         super().__init__(pads=tuple(int(p) for p in pads), mode=mode, value=float(value))
@@ -163,6 +168,23 @@ class Resize(Op):
             raise ValueError(f"unsupported nearest_mode {m!r}")
         return np.clip(i, 0, n - 1).astype(np.int64)
 
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap | None:
+        """A nearest-neighbour resize by integer factors reads input index `o // k`: a view.
+        Other resizes compute, and have no map."""
+        if self.mode != "nearest":
+            return None
+        vars_ = reshape_map(out_lens, out_lens).out_vars
+        exprs: list[Expr] = []
+        for axis, (n, o) in enumerate(zip(in_lens, out_lens)):
+            picks = self._nearest(self.source_coords(axis, n), n) if (o != n or self.scales[axis] != 1.0) else np.arange(n)
+            if o % n == 0 and np.array_equal(picks, np.arange(o) // (o // n)):
+                exprs.append(vars_[axis] // (o // n))
+            elif n == 1:
+                exprs.append(Const(0))
+            else:
+                return None
+        return IndexMap(vars_, exprs, in_lens)
+
     def _cubic_weights(self, t: np.ndarray) -> np.ndarray:
         a = self.cubic_coeff_a
         d = np.stack([t + 1, t, 1 - t, 2 - t], axis=-1)
@@ -209,6 +231,7 @@ class LRN(Op):
 
     name = "lrn"
     kind = OpKind.REDUCE
+    family = "window"
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0) -> None:
         super().__init__(size=int(size), alpha=float(alpha), beta=float(beta), bias=float(bias))

@@ -25,6 +25,7 @@ class PointwiseOp(Op):
     arity: int = 1
     template: str = ""
     result_bool: bool = False  # comparisons and logic produce bool
+    right_identity: float | None = None  # `x op c == x` for this constant c (add: 0, mul: 1)
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         require(len(inputs) == self.arity, f"expects {self.arity} inputs, got {len(inputs)}")
@@ -70,12 +71,13 @@ def literal(v: Any) -> str:
     return str(v)
 
 
-def _define(name: str, arity: int, fn: Callable[..., Any], template: str, result_bool: bool = False) -> type[PointwiseOp]:
+def _define(name: str, arity: int, fn: Callable[..., Any], template: str, result_bool: bool = False,
+            right_identity: float | None = None) -> type[PointwiseOp]:
     cls = type(
         "Pw_" + name,
         (PointwiseOp,),
         {"name": name, "arity": arity, "template": template, "result_bool": result_bool,
-         "fn": lambda self, *a: fn(*a)},
+         "right_identity": right_identity, "fn": lambda self, *a: fn(*a)},
     )
     return register(cls)
 
@@ -107,10 +109,10 @@ def _round_half_even(a: np.ndarray) -> np.ndarray:
     return np.round(a)
 
 
-_define("add", 2, np.add, "({0} + {1})")
-_define("sub", 2, np.subtract, "({0} - {1})")
-_define("mul", 2, np.multiply, "({0} * {1})")
-_define("div", 2, _int_div, "({0} / {1})")
+_define("add", 2, np.add, "({0} + {1})", right_identity=0)
+_define("sub", 2, np.subtract, "({0} - {1})", right_identity=0)
+_define("mul", 2, np.multiply, "({0} * {1})", right_identity=1)
+_define("div", 2, _int_div, "({0} / {1})", right_identity=1)
 _define("pow", 2, _pow, "libdevice.pow({0}, {1})")
 _define("max", 2, np.maximum, "tl.maximum({0}, {1})")
 _define("min", 2, np.minimum, "tl.minimum({0}, {1})")

@@ -12,11 +12,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import Op, OpKind, is_float, register, require
+from fusegraph.ops.base import Op, OpKind, Reduction, is_float, register, require
 
 
 class ReduceOp(Op):
     kind = OpKind.REDUCE
+    family = "reduction"
+    algorithm = "fold"
     np_fn: Callable[..., np.ndarray]
 
     def __init__(self, axes: Sequence[int]) -> None:
@@ -34,13 +36,16 @@ class ReduceOp(Op):
         out = type(self).np_fn(x.astype(acc) if acc else x, axis=self.axes, keepdims=True)
         return np.asarray(out).astype(x.dtype)
 
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return tuple(self.axes)
 
-def _define(name: str, fn: Callable[..., np.ndarray]) -> None:
-    register(type("Reduce_" + name, (ReduceOp,), {"name": name, "np_fn": staticmethod(fn)}))
+
+def _define(name: str, fn: Callable[..., np.ndarray], reduction: Reduction) -> None:
+    register(type("Reduce_" + name, (ReduceOp,), {"name": name, "np_fn": staticmethod(fn), "reduction": reduction}))
 
 
-_define("reduce_sum", np.sum)
-_define("reduce_mean", np.mean)
+_define("reduce_sum", np.sum, Reduction(0.0, "add"))
+_define("reduce_mean", np.mean, Reduction(0.0, "add", "div"))
 def _extreme(fn: Callable[..., np.ndarray], largest: bool) -> Callable[..., np.ndarray]:
     """max/min that give ONNX's identity over an empty axis (-inf / +inf, the integer bounds,
     False / True) where NumPy raises."""
@@ -59,9 +64,9 @@ def _extreme(fn: Callable[..., np.ndarray], largest: bool) -> Callable[..., np.n
     return reduce
 
 
-_define("reduce_max", _extreme(np.max, largest=True))
-_define("reduce_min", _extreme(np.min, largest=False))
-_define("reduce_prod", np.prod)
+_define("reduce_max", _extreme(np.max, largest=True), Reduction(float("-inf"), "max"))
+_define("reduce_min", _extreme(np.min, largest=False), Reduction(float("inf"), "min"))
+_define("reduce_prod", np.prod, Reduction(1.0, "mul"))
 
 
 @register
@@ -73,9 +78,14 @@ class ArgReduce(Op):
 
     name = "arg_reduce"
     kind = OpKind.REDUCE
+    family = "reduction"
+    algorithm = "arg"
 
     def __init__(self, largest: bool, axis: int, select_last_index: bool = False) -> None:
         super().__init__(largest=bool(largest), axis=int(axis), select_last_index=bool(select_last_index))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return (self.axis,)
 
     def __str__(self) -> str:
         return f"{'argmax' if self.largest else 'argmin'}[axis={self.axis}{',last' if self.select_last_index else ''}]"
@@ -104,9 +114,14 @@ class Softmax(Op):
 
     name = "softmax"
     kind = OpKind.REDUCE
+    family = "reduction"
+    algorithm = "softmax"
 
     def __init__(self, axis: int, log: bool = False) -> None:
         super().__init__(axis=int(axis), log=bool(log))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return (self.axis,)
 
     def __str__(self) -> str:
         return f"{'log' if self.log else ''}softmax[axis={self.axis}]"
@@ -136,9 +151,14 @@ class LayerNorm(Op):
 
     name = "layernorm"
     kind = OpKind.REDUCE
+    family = "reduction"
+    algorithm = "layernorm"
 
     def __init__(self, axis: int, epsilon: float = 1e-5) -> None:
         super().__init__(axis=int(axis), epsilon=float(epsilon))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return tuple(range(self.axis, rank))
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         x, scale, bias = inputs

@@ -15,7 +15,7 @@ class Param(Op):
     """A program input, bound by name at run time."""
 
     name = "@param"
-    kind = OpKind.SOURCE
+    kind = OpKind.PARAM
 
     def __str__(self) -> str:
         return f"@param:{self.attrs['name']}"
@@ -29,7 +29,7 @@ class Literal(Op):
     """A constant tensor (weights, shape tensors, grids). Compared by identity, hashed by shape."""
 
     name = "@literal"
-    kind = OpKind.SOURCE
+    kind = OpKind.LITERAL
 
     def __init__(self, value: np.ndarray) -> None:
         super().__init__()

@@ -14,12 +14,17 @@ from typing import Sequence
 
 import numpy as np
 
+from fusegraph.ir.index_map import (IndexMap, broadcast_map, flatten_map, reshape_map, slice_map, squeeze_map,
+                                    transpose_map, unsqueeze_map)
 from fusegraph.ir.shape import Shape
 from fusegraph.ops.base import Op, OpKind, register, require
 
 
 class ViewOp(Op):
+    """A view: its output aliases its input's buffer; `input_map` says which element it reads."""
+
     kind = OpKind.VIEW
+    falls_back_to_copy: bool = False  # its shape rule gives a copy's strides when no view fits
 
 
 def view_strides(lens: Sequence[int], strides: Sequence[int], new_lens: Sequence[int]) -> tuple[int, ...] | None:
@@ -54,6 +59,9 @@ def view_strides(lens: Sequence[int], strides: Sequence[int], new_lens: Sequence
 @register
 class Reshape(ViewOp):
     name = "reshape"
+    bijective = True
+    keeps_order = True
+    falls_back_to_copy = True
 
     def __init__(self, dims: Sequence[int]) -> None:
         super().__init__(dims=tuple(int(d) for d in dims))
@@ -73,10 +81,14 @@ class Reshape(ViewOp):
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         return args[0].reshape(self.dims)
 
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
+        return reshape_map(in_lens, out_lens)
+
 
 @register
 class Transpose(ViewOp):
     name = "transpose"
+    bijective = True
 
     def __init__(self, permutation: Sequence[int]) -> None:
         super().__init__(permutation=tuple(int(p) for p in permutation))
@@ -89,6 +101,9 @@ class Transpose(ViewOp):
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         return np.transpose(args[0], self.permutation)
+
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
+        return transpose_map(in_lens, self.permutation)
 
 
 @register
@@ -113,6 +128,9 @@ class MultiBroadcast(ViewOp):
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         return np.broadcast_to(args[0], self.out_lens)
+
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
+        return broadcast_map(in_lens, out_lens)
 
 
 @register
@@ -160,10 +178,15 @@ class Slice(ViewOp):
             idx[a] = slice(s, e if e >= 0 else None, st)
         return args[0][tuple(idx)]
 
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
+        return slice_map(in_lens, self.starts, self.ends, self.axes, self.steps)
+
 
 @register
 class Squeeze(ViewOp):
     name = "squeeze"
+    bijective = True
+    keeps_order = True
 
     def __init__(self, axes: Sequence[int]) -> None:
         super().__init__(axes=tuple(sorted(int(a) for a in axes)))
@@ -178,10 +201,15 @@ class Squeeze(ViewOp):
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         return np.squeeze(args[0], axis=self.axes) if self.axes else args[0]
 
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
+        return squeeze_map(in_lens, self.axes)
+
 
 @register
 class Unsqueeze(ViewOp):
     name = "unsqueeze"
+    bijective = True
+    keeps_order = True
 
     def __init__(self, axes: Sequence[int]) -> None:
         super().__init__(axes=tuple(sorted(int(a) for a in axes)))
@@ -201,12 +229,18 @@ class Unsqueeze(ViewOp):
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         return np.expand_dims(args[0], self.axes) if self.axes else args[0]
 
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
+        return unsqueeze_map(in_lens, self.axes)
+
 
 @register
 class Flatten(ViewOp):
     """ONNX Flatten: dims before `axis` and from `axis` on each become one dimension."""
 
     name = "flatten"
+    bijective = True
+    keeps_order = True
+    falls_back_to_copy = True
 
     def __init__(self, axis: int = 1) -> None:
         super().__init__(axis=int(axis))
@@ -221,3 +255,6 @@ class Flatten(ViewOp):
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         return args[0].reshape(self.out_lens(args[0].shape))
+
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
+        return flatten_map(in_lens, self.axis)

@@ -21,7 +21,7 @@ from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
-from fusegraph.passes.view_maps import view_input_map
+from fusegraph.ops.base import input_map_of as view_input_map
 
 BIJECTIVE_VIEWS = ("reshape", "transpose", "squeeze", "unsqueeze", "flatten")
 

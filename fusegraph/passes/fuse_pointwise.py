@@ -13,7 +13,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
-from fusegraph.passes.view_maps import view_input_map
+from fusegraph.ops.base import input_map_of as view_input_map
 
 
 def _consumers(ins: Instruction, users: dict[Instruction, list[Instruction]], returned: set[int]) -> list[Instruction]:

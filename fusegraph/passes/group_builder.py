@@ -15,7 +15,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import Op, OpKind
 from fusegraph.ops.fused import Allocate, Domain, Fused, Load, Store
 from fusegraph.passes.dead_code import DeadCodeElimination
-from fusegraph.passes.view_maps import view_input_map
+from fusegraph.ops.base import input_map_of as view_input_map
 
 SHORT_NAMES = {"convolution": "conv", "multibroadcast": "broadcast", "batch_norm": "bn", "pooling": "pool"}
 
@@ -115,7 +115,7 @@ def kernel_name(members: Sequence[Instruction]) -> str:
     seen: list[str] = []
     for ins in members:
         name = SHORT_NAMES.get(ins.op.name, ins.op.name)
-        if ins.op.kind != OpKind.SOURCE and name not in seen:
+        if not ins.op.kind.is_source and ins.op.kind != OpKind.MEMORY and name not in seen:
             seen.append(name)
     return "_".join(seen) or "copy"
 
