@@ -13,8 +13,9 @@ out as `x0 + xo` and a scattered store as `34000 * (rn // 85) + 85 * rm + rn % 8
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from fusegraph.errors import FusegraphError
 from fusegraph.ir.dtypes import DType
@@ -180,6 +181,16 @@ class KernelWriter:
 
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.indent + line)
+
+    @contextmanager
+    def block(self, header: str) -> Iterator[None]:
+        """Emit `header` (a `for`, `if` or `else:` line) and indent what is emitted inside."""
+        self.emit(header)
+        self.indent += 1
+        try:
+            yield
+        finally:
+            self.indent -= 1
 
     def let(self, code: str, base: str = "v") -> str:
         name = self.fresh(base)
