@@ -258,3 +258,70 @@ class Flatten(ViewOp):
 
     def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
         return flatten_map(in_lens, self.axis)
+
+
+class _BlockRearrange(ViewOp):
+    """Moves b x b pixel blocks between the channel and the spatial axes of [N, C, H, W].
+
+    Both directions are a reshape, a transpose and a reshape: the input map is their
+    composition, bijective, so a kernel reads through it and an epilogue stores through its
+    inverse, and no rearranged tensor is ever written. The result is not a strided view of
+    its input, so its shape is the standard one of a copy.
+    """
+
+    bijective = True
+
+    def __init__(self, blocksize: int, mode: str = "DCR") -> None:
+        super().__init__(blocksize=int(blocksize), mode=mode)
+
+    def steps(self, lens: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        """(the first reshape's lens, the transpose's permutation, the output lens)."""
+        raise NotImplementedError
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        require(x.ndim == 4, f"{self.name} needs [N, C, H, W], got rank {x.ndim}")
+        require(self.blocksize >= 1, f"blocksize must be positive, got {self.blocksize}")
+        require(self.mode in ("DCR", "CRD"), f"unknown mode {self.mode!r}")
+        return Shape.of(x.dtype, self.steps(x.lens)[2])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        first, perm, out = self.steps(args[0].shape)
+        return np.transpose(args[0].reshape(first), perm).reshape(out)
+
+    def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
+        first, perm, out = self.steps(in_lens)
+        moved = [first[p] for p in perm]
+        return reshape_map(in_lens, first).after(transpose_map(first, perm).after(reshape_map(moved, out)))
+
+
+@register
+class DepthToSpace(_BlockRearrange):
+    """ONNX DepthToSpace: [N, C, H, W] -> [N, C/b², H*b, W*b]; DCR takes the block offset from
+    the leading channels, CRD from the trailing ones."""
+
+    name = "depth_to_space"
+
+    def steps(self, lens: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        n, c, h, w = lens
+        b = self.blocksize
+        require(c % (b * b) == 0, f"channels {c} not divisible by blocksize² {b * b}")
+        out = [n, c // (b * b), h * b, w * b]
+        if self.mode == "DCR":
+            return [n, b, b, c // (b * b), h, w], [0, 3, 4, 1, 5, 2], out
+        return [n, c // (b * b), b, b, h, w], [0, 1, 4, 2, 5, 3], out
+
+
+@register
+class SpaceToDepth(_BlockRearrange):
+    """ONNX SpaceToDepth: [N, C, H, W] -> [N, C*b², H/b, W/b], the inverse of DepthToSpace in
+    the same mode (DCR puts the block offset in the leading channels, CRD in the trailing)."""
+
+    name = "space_to_depth"
+
+    def steps(self, lens: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        n, c, h, w = lens
+        b = self.blocksize
+        require(h % b == 0 and w % b == 0, f"spatial size {h}x{w} not divisible by blocksize {b}")
+        perm = [0, 3, 5, 1, 2, 4] if self.mode == "DCR" else [0, 1, 3, 5, 2, 4]
+        return [n, c, h // b, b, w // b, b], perm, [n, c * b * b, h // b, w // b]

@@ -267,3 +267,18 @@ def parse_range(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
     return ctx.literal(np.arange(start, limit, delta).astype(start.dtype))
 
 
+
+
+@onnx_op("DepthToSpace", "SpaceToDepth")
+def parse_depth_to_space(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Both are index maps (block rearrangements): fused kernels read and store through them."""
+    x = ins[0]
+    assert x is not None
+    if x.shape.ndim != 4:
+        raise ctx.error(f"needs a 4-d input [N, C, H, W], got rank {x.shape.ndim}")
+    b = ctx.attr("blocksize", None)
+    if b is None or b < 1:
+        raise ctx.error(f"blocksize must be a positive integer, got {b}")
+    mode = ctx.check_attr("mode", ctx.attr("mode", "DCR"), ["DCR", "CRD"])
+    op = v.SpaceToDepth if ctx.node.op_type == "SpaceToDepth" else v.DepthToSpace
+    return ctx.add(op(b, mode), [x])
