@@ -45,3 +45,46 @@ def ort_run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.nd
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(b64), 1e-30))
+
+
+def op_names(module) -> list[str]:
+    """The op names of a module's instructions in order: the structure a pass test compares."""
+    return [ins.op.name for ins in module]
+
+
+def printed(module) -> list[str]:
+    """A module's printed lines, for comparing short programs exactly."""
+    return str(module).splitlines()
+
+
+def fresh_inputs(program, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    """New standard-normal inputs for every parameter (floats) or small integers, drawn anew on
+    each call unless `rng` is given, so a pass test checks more than one fixed point."""
+    rng = rng or np.random.default_rng()
+    out: dict[str, np.ndarray] = {}
+    for name, shape in program.input_shapes.items():
+        dt = shape.dtype.numpy
+        if shape.dtype.is_float:
+            out[name] = rng.standard_normal(shape.lens).astype(dt)
+        else:
+            out[name] = rng.integers(0, 4, shape.lens).astype(dt)
+    return out
+
+
+def assert_same_results(before, after, tolerance: float = 0.0, inputs: dict[str, np.ndarray] | None = None) -> None:
+    """Run both programs on the ref target with the same fresh inputs (cast to each program's
+    parameter types) and require every output within `tolerance` relative error."""
+    from fusegraph.targets.ref.runner import run_program
+
+    inputs = inputs if inputs is not None else fresh_inputs(before)
+
+    def run(program):
+        shapes = program.input_shapes
+        return run_program(program, {k: np.asarray(v).astype(shapes[k].dtype.numpy) for k, v in inputs.items()})
+
+    want, got = run(before), run(after)
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        assert not np.isnan(got[name]).any() or np.isnan(want[name]).any(), f"{name}: NaN only after the pass"
+        assert rel_err(got[name], want[name]) <= tolerance, (name, rel_err(got[name], want[name]))

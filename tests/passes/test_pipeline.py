@@ -1,0 +1,67 @@
+"""The default pipeline (passes/pipeline.py): canonicalization, then fusion; `fuse` runs it in
+place and `compile_program` reports the kernels it made."""
+
+from __future__ import annotations
+
+from onnx import helper
+
+from fusegraph import parse_onnx
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Program
+from fusegraph.ir.shape import Shape
+from fusegraph.passes.pipeline import (canonicalize_passes, compile_program, count_kernels, default_pipeline, fuse,
+                                       fusion_passes)
+from tests.helpers import assert_same_results, make_model, op_names, rand
+
+TOLERANCE = 1e-6  # fusion reorders no arithmetic
+
+
+def conv_pool_concat():
+    """relu(concat(maxpool(silu(conv(x))), q))."""
+    return make_model([
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["a"]),
+        helper.make_node("MaxPool", ["a"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Concat", ["p", "q"], ["cat"], axis=1), helper.make_node("Relu", ["cat"], ["y"]),
+    ], {"x": [1, 2, 6, 6], "q": [1, 1, 3, 3]}, ["y"], {"w": rand(3, 2, 3, 3, seed=1), "b": rand(3, seed=2)})
+
+
+def test_the_pipeline_is_canonicalization_then_fusion():
+    assert [p.name for p in canonicalize_passes()] == [
+        "dead_code_elimination", "constant_propagation", "eliminate_identity", "simplify_views", "fold_into_weights",
+        "pad_channel_groups", "space_to_depth", "constant_propagation", "compact_literals", "eliminate_identity",
+        "dead_code_elimination"]
+    assert [p.name for p in fusion_passes()] == [
+        "merge_siblings", "fuse_anchors", "fuse_reductions", "fuse_movement", "fuse_pointwise", "eliminate_concat",
+        "dead_code_elimination"]
+    assert [p.name for p in default_pipeline()] == [p.name for p in canonicalize_passes() + fusion_passes()]
+
+
+def test_fuse_makes_one_kernel_per_anchor_and_writes_the_concat_in_place():
+    before, after = parse_onnx(conv_pool_concat()), parse_onnx(conv_pool_concat())
+    assert count_kernels(before) == 0
+    report = fuse(after)
+    assert len(report.timings) == len(default_pipeline())
+    assert op_names(after.main) == ["@param", "allocate", "@param", "@literal", "@literal", "fused", "fused", "fused",
+                                    "fused"]
+    assert [i.op.attrs["kernel"] for i in after.main if i.op.name == "fused"] == [
+        "conv_add_sigmoid_mul", "copy", "pool", "relu"]
+    assert count_kernels(after) == 4
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_compile_program_reports_the_kernels_and_the_pass_times():
+    text = compile_program(parse_onnx(conv_pool_concat()))
+    lines = text.splitlines()
+    assert lines[0] == "4 fused kernels:"
+    assert sorted(line.split()[-1] for line in lines[1:5]) == ["conv_add_sigmoid_mul", "copy", "pool", "relu"]
+    assert lines[5] == "passes:" and len(lines) == 6 + len(default_pipeline()) + 1
+
+
+def test_a_program_that_computes_nothing_gets_no_kernel():
+    p = Program()
+    x = p.main.add_param("x", Shape.of(DType.float32, [2, 2]))
+    p.main.set_returns([x], ["y"])
+    text = str(p)
+    fuse(p)
+    assert count_kernels(p) == 0 and str(p) == text
