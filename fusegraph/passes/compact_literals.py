@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusegraph.ir.program import Module
-from fusegraph.ops.base import OpKind
+from fusegraph.ops.base import OpKind, is_literal
 from fusegraph.ops.views import MultiBroadcast
 
 
@@ -28,7 +28,7 @@ class CompactLiterals:
         users = module.users()
         changed = False
         for ins in list(module.instructions):
-            if ins.op.name != "@literal" or ins.shape.elements < 2 or not users.get(ins):
+            if not is_literal(ins) or ins.shape.elements < 2 or not users.get(ins):
                 continue
             # only pointwise readers: a weight or an index operand keeps its own layout
             if any(u.op.kind != OpKind.POINTWISE for u in users[ins]):

@@ -24,6 +24,7 @@ import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.anchors import Convolution
+from fusegraph.ops.base import is_literal
 from fusegraph.ops.movement import Pad
 from fusegraph.ops.views import Reshape, Transpose
 
@@ -33,8 +34,8 @@ MAX_CHANNELS = 64  # wider blocks would waste more reads than the gathers cost
 
 def block_stride(conv: Instruction) -> int:
     """The stride s when `conv` can run over s x s blocks of its input; 0 when not."""
-    if conv.op.name != "convolution" or conv.inputs[1].op.name != "@literal":
-        return 0
+    if conv.op.family != "gemm" or not conv.op.spatial_window or not is_literal(conv.inputs[1]):
+        return 0  # not a convolution with constant weights
     a = conv.op.attrs
     x, w = conv.inputs
     if x.shape.ndim != 4 or a["group"] != 1 or any(d != 1 for d in a["dilation"]):
