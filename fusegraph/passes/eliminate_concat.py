@@ -21,8 +21,8 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_allocate, is_fused, is_store
 from fusegraph.ops.fused import Allocate, Fused, Store
 from fusegraph.ops.views import Slice
-from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.group_builder import GroupBuilder, group_name
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def _store_chain(sub: Module) -> tuple[list[Instruction], Instruction]:
@@ -63,13 +63,13 @@ class EliminateConcat:
     name = "eliminate_concat"
 
     def apply(self, module: Module) -> bool:
-        changed = False
-        for concat in [i for i in module.instructions if i.op.concatenates]:
-            self._eliminate(module, concat)
-            changed = True
-        if changed:
-            DeadCodeElimination().apply(module)
-        return changed
+        def eliminate(ins: Instruction) -> bool:
+            if not ins.op.concatenates:
+                return False
+            self._eliminate(module, ins)
+            return True
+
+        return rewrite_each(module, eliminate, drop_dead=True)
 
     def _writers(self, module: Module, concat: Instruction, offsets: list[int]) -> dict[int, tuple[Instruction, int, list[int]]]:
         """The kernels that store their parts of `concat` straight into its buffer, by id: the

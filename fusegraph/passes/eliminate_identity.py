@@ -11,6 +11,7 @@ import numpy as np
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.passes.literal_values import broadcast_literal
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def is_identity(ins: Instruction) -> bool:
@@ -29,9 +30,10 @@ class EliminateIdentity:
     name = "eliminate_identity"
 
     def apply(self, module: Module) -> bool:
-        changed = False
-        for ins in list(module.instructions):
-            if is_identity(ins):
-                module.replace(ins, ins.inputs[0])
-                changed = True
-        return changed
+        def drop(ins: Instruction) -> bool:
+            if not is_identity(ins):
+                return False
+            module.replace(ins, ins.inputs[0])
+            return True
+
+        return rewrite_each(module, drop)

@@ -14,6 +14,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_literal, make_op
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.literal_values import broadcast_literal, per_channel
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def _only_reader(users: dict[Instruction, list[Instruction]], ins: Instruction, module: Module) -> bool:
@@ -69,9 +70,10 @@ class FoldIntoWeights:
     name = "fold_into_weights"
 
     def apply(self, module: Module) -> bool:
-        changed = False
         users = module.users()
-        for ins in list(module.instructions):
+
+        def fold(ins: Instruction) -> bool:
+            nonlocal users
             done = False
             if ins.op.name == "batch_norm":
                 done = self._fold_batch_norm(module, ins, users)
@@ -79,12 +81,9 @@ class FoldIntoWeights:
                 done = self._fold_scale(module, ins, users)
             if done:  # the rewrite only touched this instruction's producers
                 users = module.users()
-                changed = True
-        if changed:
-            from fusegraph.passes.dead_code import DeadCodeElimination
+            return done
 
-            DeadCodeElimination().apply(module)
-        return changed
+        return rewrite_each(module, fold, drop_dead=True)
 
     def _fold_batch_norm(self, module: Module, bn: Instruction, users: dict) -> bool:
         x = bn.inputs[0]

@@ -22,6 +22,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
+from fusegraph.passes.rewrite import rewrite_each
 
 
 class _Epilogue:
@@ -171,20 +172,16 @@ class FuseAnchors:
     inline_prologue = False  # recomputing pointwise producers per tap of a conv is not free
 
     def apply(self, module: Module) -> bool:
-        changed = False
-        for anchor in list(module.instructions):
+        def try_fuse(anchor: Instruction) -> bool:
             if not self.wants(anchor) or anchor not in module.instructions or anchor.shape.elements == 0:
-                continue
+                return False
             try:
                 self.fuse(module, anchor)
             except Unfusable:
-                continue
-            changed = True
-        if changed:
-            from fusegraph.passes.dead_code import DeadCodeElimination
+                return False
+            return True
 
-            DeadCodeElimination().apply(module)
-        return changed
+        return rewrite_each(module, try_fuse, drop_dead=True)
 
     def wants(self, ins: Instruction) -> bool:
         return ins.op.kind in self.kinds

@@ -21,6 +21,7 @@ from fusegraph.ops.base import is_literal
 from fusegraph.ops.views import Reshape, Slice
 from fusegraph.passes.fold_into_weights import add_bias
 from fusegraph.passes.literal_values import broadcast_literal
+from fusegraph.passes.rewrite import rewrite_each
 
 MAX_GROUP = 256  # wider groups gain nothing: a tile is at most this wide
 
@@ -53,11 +54,7 @@ class PadChannelGroups:
     def apply(self, module: Module) -> bool:
         # a rewrite replaces only its own chain, so the other convolutions' readers stay valid
         users = module.users()
-        changed = False
-        for conv in list(module.instructions):
-            if self._rewrite(module, conv, users):
-                changed = True
-        return changed
+        return rewrite_each(module, lambda conv: self._rewrite(module, conv, users))
 
     def _rewrite(self, module: Module, conv: Instruction, users: dict[Instruction, list[Instruction]]) -> bool:
         op = conv.op

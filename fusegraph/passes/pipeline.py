@@ -24,12 +24,11 @@ from fusegraph.passes.fuse_pointwise import FusePointwise
 from fusegraph.passes.manager import Pass, PassReport, run_passes
 from fusegraph.passes.merge_siblings import MergeSiblings
 from fusegraph.passes.pad_channel_groups import PadChannelGroups
+from fusegraph.passes.simplify_views import SimplifyViews
 from fusegraph.passes.space_to_depth import SpaceToDepth
 
 
 def canonicalize_passes() -> list[Pass]:
-    from fusegraph.passes.simplify_views import SimplifyViews
-
     return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), SimplifyViews(),
             FoldIntoWeights(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.views import Reshape, Transpose
+from fusegraph.passes.dead_code import DeadCodeElimination
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def _merge(module: Module, ins: Instruction) -> bool:
@@ -37,14 +39,8 @@ class SimplifyViews:
 
     def apply(self, module: Module) -> bool:
         changed = False
-        again = True
-        while again:
-            again = False
-            for ins in list(module.instructions):
-                if ins in module.instructions and _merge(module, ins):
-                    again = changed = True
+        while rewrite_each(module, lambda ins: ins in module.instructions and _merge(module, ins)):
+            changed = True
         if changed:
-            from fusegraph.passes.dead_code import DeadCodeElimination
-
             DeadCodeElimination().apply(module)
         return changed
