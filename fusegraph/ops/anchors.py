@@ -49,9 +49,11 @@ class Convolution(Op):
     """N-d convolution of x [N, C, *spatial] with w [M, C/group, *kernel]; padding is begins then ends."""
 
     name = "convolution"
+    short_name = "conv"
     kind = OpKind.ANCHOR
     family = "gemm"
     weight_input = 1
+    spatial_window = True
 
     def __init__(self, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], group: int = 1) -> None:
         super().__init__(padding=tuple(padding), stride=tuple(stride), dilation=tuple(dilation), group=int(group))
@@ -134,8 +136,10 @@ class Pooling(Op):
     """Max or average pooling over the spatial dims of [N, C, *spatial]."""
 
     name = "pooling"
+    short_name = "pool"
     kind = OpKind.ANCHOR
     family = "window"
+    spatial_window = True
 
     def __init__(self, mode: str, lengths: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                  dilation: Sequence[int] | None = None, ceil_mode: bool = False, count_include_pad: bool = False) -> None:

@@ -11,8 +11,12 @@ template, its spelling there):
   allocate) exist only inside fused groups.
 * `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`);
   empty for ops no template lowers by themselves.
-* views: `input_map` (output index -> the input index it reads), `bijective`, `keeps_order`.
-* anchors: `channel_axis`, `weight_input`, `weight_channel_axis`.
+* `short_name`: how fused kernel names spell it (`conv` for convolution).
+* views: `input_map` (output index -> the input index it reads), `bijective`, `keeps_order`,
+  `broadcasts`, `axis_permutation` (transpose), `ranges` (a unit-step slice).
+* pointwise: `converts_type` (convert), `right_identity` (add, sub: 0; mul, div: 1).
+* anchors: `channel_axis`, `weight_input`, `weight_channel_axis`, `spatial_window`.
+* `concatenates` (concat): its inputs lie end to end along its `axis`.
 * reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
   and finalize as target-neutral scalar ops.
 """
@@ -86,11 +90,18 @@ class Op:
     kind: ClassVar[OpKind] = OpKind.POINTWISE
     family: ClassVar[str] = ""  # the GPU template family that lowers it; "" if none does
     memory: ClassVar[MemoryKind | None] = None  # for MEMORY ops
+    short_name: ClassVar[str] = ""  # its part of a fused kernel's name; `name` when empty
     # views
     bijective: ClassVar[bool] = False  # the input map is invertible (reshape, transpose, ...)
     keeps_order: ClassVar[bool] = False  # changes lens only: row-major element order is kept
+    broadcasts: ClassVar[bool] = False  # NumPy-style broadcast: adds leading dims, repeats size-1 dims
+    # pointwise
+    converts_type: ClassVar[bool] = False  # its value is its input's in another element type
     # anchors
     weight_input: ClassVar[int | None] = None  # which input holds the weights
+    spatial_window: ClassVar[bool] = False  # slides a window (padding, stride, dilation) over [N, C, *spatial]
+    # data movement
+    concatenates: ClassVar[bool] = False  # lays its inputs end to end along its `axis` attribute
     # reductions
     algorithm: ClassVar[str] = ""  # how the reduction template computes it: fold, softmax, layernorm, arg
     reduction: ClassVar[Reduction | None] = None  # for algorithm "fold"
@@ -112,6 +123,17 @@ class Op:
 
     def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> "IndexMap | None":
         """For a view: the map from an output index to the input index it reads; else None."""
+        return None
+
+    def axis_permutation(self) -> tuple[int, ...] | None:
+        """For a view that only permutes axes: output axis i is input axis perm[i]; else None.
+
+        Two such views in a row compose into one permutation."""
+        return None
+
+    def ranges(self) -> tuple[tuple[int, int, int], ...] | None:
+        """For a view that reads one box of its input with unit steps: (axis, start, end) of
+        each axis it cuts; else None. An epilogue splits at such a view, by domain."""
         return None
 
     def channel_axis(self, rank: int) -> int:

@@ -23,6 +23,7 @@ class Concat(Op):
     name = "concat"
     kind = OpKind.MOVE
     family = "movement"
+    concatenates = True
 
     def __init__(self, axis: int) -> None:
         super().__init__(axis=int(axis))

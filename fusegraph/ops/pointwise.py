@@ -301,6 +301,7 @@ class Convert(PointwiseOp):
     """Element type conversion (ONNX Cast)."""
 
     name = "convert"
+    converts_type = True
     template = "{0}"  # the code generator emits the cast itself, from the target dtype
 
     def __init__(self, target: DType | str) -> None:
@@ -325,6 +326,7 @@ class BatchNorm(PointwiseOp):
     """
 
     name = "batch_norm"
+    short_name = "bn"
     arity = 5
     template = "(({0} - {3}) * ({1} / tl.sqrt({4} + {epsilon})) + {2})"
 

@@ -105,12 +105,17 @@ class Transpose(ViewOp):
     def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
         return transpose_map(in_lens, self.permutation)
 
+    def axis_permutation(self) -> tuple[int, ...]:
+        return self.permutation
+
 
 @register
 class MultiBroadcast(ViewOp):
     """NumPy-style broadcast to `out_lens`: leading dims are added, size-1 dims repeat (stride 0)."""
 
     name = "multibroadcast"
+    short_name = "broadcast"
+    broadcasts = True
 
     def __init__(self, out_lens: Sequence[int]) -> None:
         super().__init__(out_lens=tuple(int(d) for d in out_lens))
@@ -180,6 +185,11 @@ class Slice(ViewOp):
 
     def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap:
         return slice_map(in_lens, self.starts, self.ends, self.axes, self.steps)
+
+    def ranges(self) -> tuple[tuple[int, int, int], ...] | None:
+        if any(s != 1 for s in self.steps):
+            return None
+        return tuple(zip(self.axes, self.starts, self.ends))
 
 
 @register

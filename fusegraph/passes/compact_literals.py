@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fusegraph.ir.program import Module
-from fusegraph.ops.base import OpKind
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import OpKind, is_literal
 from fusegraph.ops.views import MultiBroadcast
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def repeated_axes(value: np.ndarray) -> list[int]:
@@ -26,20 +27,21 @@ class CompactLiterals:
 
     def apply(self, module: Module) -> bool:
         users = module.users()
-        changed = False
-        for ins in list(module.instructions):
-            if ins.op.name != "@literal" or ins.shape.elements < 2 or not users.get(ins):
-                continue
-            # only pointwise readers: a weight or an index operand keeps its own layout
-            if any(u.op.kind != OpKind.POINTWISE for u in users[ins]):
-                continue
-            value = ins.op.value  # type: ignore[attr-defined]
-            axes = repeated_axes(value)
-            if not axes:
-                continue
-            small = value[tuple(slice(0, 1) if a in axes else slice(None) for a in range(value.ndim))]
-            lit = module.make_literal(np.ascontiguousarray(small), origin=ins.origin)
-            module.insert_before(ins, lit)
-            module.replace(ins, module.make(MultiBroadcast(value.shape), [lit], ins.origin))
-            changed = True
-        return changed
+        return rewrite_each(module, lambda ins: self._compact(module, ins, users))
+
+    @staticmethod
+    def _compact(module: Module, ins: Instruction, users: dict[Instruction, list[Instruction]]) -> bool:
+        if not is_literal(ins) or ins.shape.elements < 2 or not users.get(ins):
+            return False
+        # only pointwise readers: a weight or an index operand keeps its own layout
+        if any(u.op.kind != OpKind.POINTWISE for u in users[ins]):
+            return False
+        value = ins.op.value  # type: ignore[attr-defined]
+        axes = repeated_axes(value)
+        if not axes:
+            return False
+        small = value[tuple(slice(0, 1) if a in axes else slice(None) for a in range(value.ndim))]
+        lit = module.make_literal(np.ascontiguousarray(small), origin=ins.origin)
+        module.insert_before(ins, lit)
+        module.replace(ins, module.make(MultiBroadcast(value.shape), [lit], ins.origin))
+        return True

@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_literal
 
 #: Fold when the output has at most this many elements, or no more than the inputs have.
 FOLD_LIMIT = 4096
 
 
 def foldable(ins: Instruction) -> bool:
-    if not ins.inputs or any(x.op.name != "@literal" for x in ins.inputs):
+    if not ins.inputs or not all(is_literal(x) for x in ins.inputs):
         return False
     if getattr(ins.op, "module", None) is not None:
         return False

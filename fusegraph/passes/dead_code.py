@@ -6,6 +6,7 @@ Parameters are kept even when unused, since they are the program's interface.
 from __future__ import annotations
 
 from fusegraph.ir.program import Module
+from fusegraph.ops.base import is_param
 
 
 class DeadCodeElimination:
@@ -21,5 +22,5 @@ class DeadCodeElimination:
             live.add(id(ins))
             stack.extend(ins.inputs)
         before = len(module.instructions)
-        module.instructions = [i for i in module.instructions if id(i) in live or i.op.name == "@param"]
+        module.instructions = [i for i in module.instructions if id(i) in live or is_param(i)]
         return len(module.instructions) != before

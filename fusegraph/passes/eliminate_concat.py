@@ -18,24 +18,25 @@ from __future__ import annotations
 
 from fusegraph.ir.index_map import IndexMap, embed_map
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_allocate, is_fused, is_store
 from fusegraph.ops.fused import Allocate, Fused, Store
 from fusegraph.ops.views import Slice
-from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.group_builder import GroupBuilder, group_name
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def _store_chain(sub: Module) -> tuple[list[Instruction], Instruction]:
     """The stores a group's result goes through (first to last) and the buffer they start from."""
     stores = []
     ins = sub.returns[0]
-    while ins.op.name == "store":
+    while is_store(ins):
         stores.append(ins)
         ins = ins.inputs[0]
     return stores[::-1], ins
 
 
 def _retargetable(ins: Instruction) -> bool:
-    return isinstance(ins.op, Fused) and _store_chain(ins.op.module)[1].op.name == "allocate"
+    return is_fused(ins) and is_allocate(_store_chain(ins.op.module)[1])
 
 
 def retarget(module: Module, fused: Instruction, buffer: Instruction, emb: IndexMap) -> Instruction:
@@ -52,9 +53,9 @@ def _source(x: Instruction, axis: int) -> tuple[Instruction, int]:
     """Where a concat input's elements are computed and where along `axis` they start there: the
     input itself, or the producer of a unit-step slice along `axis` alone (a kernel computing
     more channels than one concat part, such as merged sibling convolutions)."""
-    a = x.op.attrs
-    if x.op.name == "slice" and a["axes"] == (axis,) and a["steps"] == (1,):
-        return x.inputs[0], a["starts"][0]
+    cut = x.op.ranges()
+    if cut is not None and len(cut) == 1 and cut[0][0] == axis:
+        return x.inputs[0], cut[0][1]
     return x, 0
 
 
@@ -62,13 +63,13 @@ class EliminateConcat:
     name = "eliminate_concat"
 
     def apply(self, module: Module) -> bool:
-        changed = False
-        for concat in [i for i in module.instructions if i.op.name == "concat"]:
-            self._eliminate(module, concat)
-            changed = True
-        if changed:
-            DeadCodeElimination().apply(module)
-        return changed
+        def eliminate(ins: Instruction) -> bool:
+            if not ins.op.concatenates:
+                return False
+            self._eliminate(module, ins)
+            return True
+
+        return rewrite_each(module, eliminate, drop_dead=True)
 
     def _writers(self, module: Module, concat: Instruction, offsets: list[int]) -> dict[int, tuple[Instruction, int, list[int]]]:
         """The kernels that store their parts of `concat` straight into its buffer, by id: the

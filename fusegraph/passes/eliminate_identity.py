@@ -9,19 +9,20 @@ from __future__ import annotations
 import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import OpKind
 from fusegraph.passes.literal_values import broadcast_literal
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def is_identity(ins: Instruction) -> bool:
-    op = ins.op.name
-    if op in ("reshape", "transpose", "multibroadcast", "slice", "squeeze", "unsqueeze", "flatten", "convert"):
+    op = ins.op
+    if op.kind == OpKind.VIEW or op.converts_type:
         src = ins.inputs[0].shape
         return src.lens == ins.shape.lens and src.dtype == ins.shape.dtype and src.strides == ins.shape.strides \
             and src.offset == ins.shape.offset
-    if op in ("mul", "add", "sub", "div"):
+    if op.kind == OpKind.POINTWISE and op.right_identity is not None:
         value = broadcast_literal(ins.inputs[1])
-        neutral = 1 if op in ("mul", "div") else 0
-        return value is not None and ins.inputs[0].shape == ins.shape and bool(np.all(value == neutral))
+        return value is not None and ins.inputs[0].shape == ins.shape and bool(np.all(value == op.right_identity))
     return False
 
 
@@ -29,9 +30,10 @@ class EliminateIdentity:
     name = "eliminate_identity"
 
     def apply(self, module: Module) -> bool:
-        changed = False
-        for ins in list(module.instructions):
-            if is_identity(ins):
-                module.replace(ins, ins.inputs[0])
-                changed = True
-        return changed
+        def drop(ins: Instruction) -> bool:
+            if not is_identity(ins):
+                return False
+            module.replace(ins, ins.inputs[0])
+            return True
+
+        return rewrite_each(module, drop)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import make_op
+from fusegraph.ops.base import is_literal, make_op
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.literal_values import broadcast_literal, per_channel
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def _only_reader(users: dict[Instruction, list[Instruction]], ins: Instruction, module: Module) -> bool:
@@ -21,16 +22,16 @@ def _only_reader(users: dict[Instruction, list[Instruction]], ins: Instruction, 
 
 
 def _anchor_weights(anchor: Instruction) -> tuple[np.ndarray, int] | None:
-    """The literal weights and the axis of output channels in them."""
-    if anchor.op.name == "convolution" and anchor.inputs[1].op.name == "@literal":
-        return anchor.inputs[1].op.value, 0  # type: ignore[attr-defined]
-    if anchor.op.name == "dot" and anchor.inputs[1].op.name == "@literal":
-        return anchor.inputs[1].op.value, anchor.inputs[1].shape.ndim - 1  # type: ignore[attr-defined]
-    return None
+    """The literal weights of a product (convolution, dot) and the axis of output channels in them."""
+    op = anchor.op
+    if op.family != "gemm" or op.weight_input is None or not is_literal(anchor.inputs[op.weight_input]):
+        return None
+    w = anchor.inputs[op.weight_input]
+    return w.op.value, op.weight_channel_axis(w.shape.ndim)  # type: ignore[attr-defined]
 
 
 def _channel_axis(anchor: Instruction) -> int:
-    return 1 if anchor.op.name == "convolution" else anchor.shape.ndim - 1
+    return anchor.op.channel_axis(anchor.shape.ndim)
 
 
 def _rescale(module: Module, anchor: Instruction, scale: np.ndarray) -> Instruction:
@@ -39,9 +40,12 @@ def _rescale(module: Module, anchor: Instruction, scale: np.ndarray) -> Instruct
     shape[axis] = -1
     acc = np.float64
     new_w = (weights.astype(acc) * scale.astype(acc).reshape(shape)).astype(weights.dtype)
-    lit = module.make_literal(new_w, origin=anchor.inputs[1].origin)
+    k = anchor.op.weight_input
+    lit = module.make_literal(new_w, origin=anchor.inputs[k].origin)
     module.insert_before(anchor, lit)
-    new = module.make(anchor.op, [anchor.inputs[0], lit], anchor.origin)
+    inputs = list(anchor.inputs)
+    inputs[k] = lit
+    new = module.make(anchor.op, inputs, anchor.origin)
     module.insert_before(anchor, new)
     return new
 
@@ -66,9 +70,10 @@ class FoldIntoWeights:
     name = "fold_into_weights"
 
     def apply(self, module: Module) -> bool:
-        changed = False
         users = module.users()
-        for ins in list(module.instructions):
+
+        def fold(ins: Instruction) -> bool:
+            nonlocal users
             done = False
             if ins.op.name == "batch_norm":
                 done = self._fold_batch_norm(module, ins, users)
@@ -76,12 +81,9 @@ class FoldIntoWeights:
                 done = self._fold_scale(module, ins, users)
             if done:  # the rewrite only touched this instruction's producers
                 users = module.users()
-                changed = True
-        if changed:
-            from fusegraph.passes.dead_code import DeadCodeElimination
+            return done
 
-            DeadCodeElimination().apply(module)
-        return changed
+        return rewrite_each(module, fold, drop_dead=True)
 
     def _fold_batch_norm(self, module: Module, bn: Instruction, users: dict) -> bool:
         x = bn.inputs[0]

@@ -2,8 +2,8 @@
 
 The epilogue grows forward from the anchor through every consumer whose map from the anchor's
 output is invertible (Hidet's rule): pointwise ops (their other operands are side inputs, read
-through their own view chains), bijective views (reshape, transpose, squeeze, unsqueeze,
-flatten), slices (a split: each branch keeps a domain, the part of the anchor's output it
+through their own view chains), bijective views (reshape, transpose, depth_to_space, ...),
+unit-step slices (a split: each branch keeps a domain, the part of the anchor's output it
 covers) and concats of branches of the same group. Each tensor of the epilogue is a list of
 pieces: where an anchor-output index lands in it, on which domain, with which value. The
 group's output is stored through those maps, so the kernel writes the final layout directly.
@@ -20,10 +20,9 @@ from fusegraph.ir.index_expr import bounds
 from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
-from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
 from fusegraph.ops.base import input_map_of as view_input_map
-
-BIJECTIVE_VIEWS = ("reshape", "transpose", "squeeze", "unsqueeze", "flatten")
+from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
+from fusegraph.passes.rewrite import rewrite_each
 
 
 class _Epilogue:
@@ -54,19 +53,20 @@ class _Epilogue:
     def absorb(self, ins: Instruction) -> list[Piece] | None:
         if ins.shape.elements == 0:
             return None
-        op = ins.op.name
+        op = ins.op
         src = [self.pieces.get(id(x)) for x in ins.inputs]
-        if op in BIJECTIVE_VIEWS and src[0] is not None:
+        if op.kind == OpKind.VIEW and op.bijective and src[0] is not None:
             vm = view_input_map(ins)
             inv = vm.inverse() if vm is not None else None
             if inv is None:
                 return None
             return [Piece(inv.after(p.map), p.domain, p.value) for p in src[0]]
-        if op == "slice" and src[0] is not None and all(s == 1 for s in ins.op.attrs["steps"]):
-            return self._slice(ins, src[0])
-        if ins.op.kind == OpKind.POINTWISE:
+        cut = op.ranges()
+        if cut is not None and src[0] is not None:
+            return self._slice(ins, cut, src[0])
+        if op.kind == OpKind.POINTWISE:
             return self._pointwise(ins, src)
-        if op == "concat" and all(s is not None for s in src):
+        if op.concatenates and all(s is not None for s in src):
             out: list[Piece] = []
             axis, offset = ins.op.attrs["axis"], 0
             for x, ps in zip(ins.inputs, src):
@@ -76,14 +76,13 @@ class _Epilogue:
             return out
         return None
 
-    def _slice(self, ins: Instruction, pieces: list[Piece]) -> list[Piece] | None:
-        a = ins.op.attrs
+    def _slice(self, ins: Instruction, cut: tuple[tuple[int, int, int], ...], pieces: list[Piece]) -> list[Piece] | None:
         out = []
         for p in pieces:
             exprs = list(p.map.exprs)
             domain = list(p.domain)
             empty = False
-            for axis, start, end in zip(a["axes"], a["starts"], a["ends"]):
+            for axis, start, end in cut:
                 e = exprs[axis]
                 lo, hi = bounds(e)
                 if hi < start or lo >= end:
@@ -173,20 +172,16 @@ class FuseAnchors:
     inline_prologue = False  # recomputing pointwise producers per tap of a conv is not free
 
     def apply(self, module: Module) -> bool:
-        changed = False
-        for anchor in list(module.instructions):
+        def try_fuse(anchor: Instruction) -> bool:
             if not self.wants(anchor) or anchor not in module.instructions or anchor.shape.elements == 0:
-                continue
+                return False
             try:
                 self.fuse(module, anchor)
             except Unfusable:
-                continue
-            changed = True
-        if changed:
-            from fusegraph.passes.dead_code import DeadCodeElimination
+                return False
+            return True
 
-            DeadCodeElimination().apply(module)
-        return changed
+        return rewrite_each(module, try_fuse, drop_dead=True)
 
     def wants(self, ins: Instruction) -> bool:
         return ins.op.kind in self.kinds
@@ -219,7 +214,7 @@ class FuseMovement(FuseAnchors):
     inline_prologue = True
 
     def wants(self, ins: Instruction) -> bool:
-        # a resize that reads `o // k` is a view: it fuses into its reader as a load
-        if ins.op.name == "concat" or ins.op.name == "resize" and view_input_map(ins) is not None:
+        # movement with an index map (a resize that reads `o // k`) is a view: its reader loads through it
+        if ins.op.concatenates or view_input_map(ins) is not None:
             return False
         return ins.op.kind in self.kinds

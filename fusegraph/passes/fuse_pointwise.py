@@ -11,9 +11,9 @@ from __future__ import annotations
 from fusegraph.ir.index_map import identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
-from fusegraph.passes.dead_code import DeadCodeElimination
-from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
 from fusegraph.ops.base import input_map_of as view_input_map
+from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def _consumers(ins: Instruction, users: dict[Instruction, list[Instruction]], returned: set[int]) -> list[Instruction]:
@@ -41,18 +41,18 @@ class FusePointwise:
             cons = _consumers(ins, users, returned)
             return not cons or any(c.op.kind != OpKind.POINTWISE for c in cons)
 
-        roots = [i for i in module.instructions if i.op.kind == OpKind.POINTWISE and is_root(i)]
-        root_ids = {id(r) for r in roots}
-        changed = False
-        for root in roots:
+        root_ids = {id(i) for i in module.instructions if i.op.kind == OpKind.POINTWISE and is_root(i)}
+
+        def fuse(root: Instruction) -> bool:
+            if id(root) not in root_ids:
+                return False
             b = GroupBuilder(group_name(module), inline=lambda ins: id(ins) not in root_ids)
             try:
                 value = b.add(root.op, [b.gather(x) for x in root.inputs], root.origin)
             except Unfusable:
-                continue
-            changed = True
+                return False
             fused = b.finish(root, [Piece(identity_map(root.shape.lens), (), value)], kernel_name(b.inlined + [root]))
             place(module, fused, root, [root])
-        if changed:
-            DeadCodeElimination().apply(module)
-        return changed
+            return True
+
+        return rewrite_each(module, fuse, drop_dead=True)

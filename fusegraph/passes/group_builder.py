@@ -12,12 +12,10 @@ from typing import Callable, Sequence
 
 from fusegraph.ir.index_map import IndexMap, identity_map
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import Op, OpKind
+from fusegraph.ops.base import Op, OpKind, is_fused
+from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.ops.fused import Allocate, Domain, Fused, Load, Store
 from fusegraph.passes.dead_code import DeadCodeElimination
-from fusegraph.ops.base import input_map_of as view_input_map
-
-SHORT_NAMES = {"convolution": "conv", "multibroadcast": "broadcast", "batch_norm": "bn", "pooling": "pool"}
 
 
 class Unfusable(Exception):
@@ -114,7 +112,7 @@ def kernel_name(members: Sequence[Instruction]) -> str:
     """`conv_add_sigmoid_mul`-style name: the members' op names in order, each once."""
     seen: list[str] = []
     for ins in members:
-        name = SHORT_NAMES.get(ins.op.name, ins.op.name)
+        name = ins.op.short_name or ins.op.name
         if not ins.op.kind.is_source and ins.op.kind != OpKind.MEMORY and name not in seen:
             seen.append(name)
     return "_".join(seen) or "copy"
@@ -131,4 +129,4 @@ def place(module: Module, fused: Instruction, output: Instruction, members: Sequ
 
 def group_name(module: Module) -> str:
     """A name for the next group's sub-module: `fused` and the number of groups so far."""
-    return f"fused{sum(1 for i in module.instructions if i.op.name == 'fused')}"
+    return f"fused{sum(1 for i in module.instructions if is_fused(i))}"

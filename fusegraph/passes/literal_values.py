@@ -9,14 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from fusegraph.ir.program import Instruction
+from fusegraph.ops.base import is_literal
 
 
 def broadcast_literal(ins: Instruction) -> np.ndarray | None:
     """The value of a literal seen through its broadcast, at the broadcast's rank (size-1 dims kept)."""
     rank = ins.shape.ndim
-    while ins.op.name == "multibroadcast":
+    while ins.op.broadcasts:
         ins = ins.inputs[0]
-    if ins.op.name != "@literal":
+    if not is_literal(ins):
         return None
     v = ins.op.value  # type: ignore[attr-defined]
     return v.reshape((1,) * (rank - v.ndim) + v.shape)

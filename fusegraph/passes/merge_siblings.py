@@ -36,7 +36,7 @@ from typing import Hashable
 import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import OpKind
+from fusegraph.ops.base import OpKind, is_literal
 from fusegraph.ops.views import MultiBroadcast, Slice
 from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.fuse_anchors import anchor_group
@@ -50,29 +50,34 @@ class _Sibling:
     members: list[Instruction]  # the anchor first, then its epilogue in program order
 
 
+def _weights(anchor: Instruction) -> Instruction:
+    return anchor.inputs[anchor.op.weight_input]
+
+
 def _weight_axis(anchor: Instruction) -> int:
     """The axis of output channels in the weights: M of conv's [M, C, *k], N of dot's [..., K, N]."""
-    return 0 if anchor.op.name == "convolution" else anchor.inputs[1].shape.ndim - 1
+    return anchor.op.weight_channel_axis(_weights(anchor).shape.ndim)
 
 
 def _channel_axis(anchor: Instruction) -> int:
     """The axis of output channels in the anchor's result."""
-    return 1 if anchor.op.name == "convolution" else anchor.shape.ndim - 1
+    return anchor.op.channel_axis(anchor.shape.ndim)
 
 
 def _family_key(ins: Instruction) -> Hashable | None:
     """Anchors with equal keys compute the same function of the same input, up to their weights
     along the output-channel axis; None for an instruction that cannot be merged."""
-    if ins.op.name not in ("convolution", "dot") or ins.shape.elements == 0:
+    if ins.op.family != "gemm" or ins.op.weight_input is None or ins.shape.elements == 0:
         return None
-    if ins.op.name == "convolution" and ins.op.attrs["group"] != 1:
+    if ins.op.attrs.get("group", 1) != 1:
         return None  # grouped channels do not stack into one weight tensor
-    x, w = ins.inputs
-    if w.op.name != "@literal":
+    w = _weights(ins)
+    if not is_literal(w):
         return None
     lens = list(w.shape.lens)
     del lens[_weight_axis(ins)]
-    return ins.op, id(x), tuple(lens), w.shape.dtype
+    data = tuple(id(x) for k, x in enumerate(ins.inputs) if k != ins.op.weight_input)
+    return ins.op, data, tuple(lens), w.shape.dtype
 
 
 def _constant(x: Instruction, anchor: Instruction) -> np.ndarray | None:
@@ -112,7 +117,7 @@ def _ordered(module: Module, siblings: list[_Sibling], users: dict[Instruction, 
     for s in siblings:
         if id(s.out) in returned:
             continue
-        concats = [u for u in users.get(s.out, []) if u.op.name == "concat"]
+        concats = [u for u in users.get(s.out, []) if u.op.concatenates]
         if not concats:
             free.append(s)
             continue
@@ -168,7 +173,7 @@ def _merged_constant(module: Module, siblings: list[_Sibling], member: int, oper
     value = _stacked(values, siblings)  # type: ignore[arg-type]
     x = siblings[0].members[member].inputs[operand]
     source = x
-    while source.op.name == "multibroadcast":
+    while source.op.broadcasts:
         source = source.inputs[0]
     drop = value.ndim - source.shape.ndim  # keep the rank the constant had (leading dims of 1 go)
     if drop > 0 and all(n == 1 for n in value.shape[:drop]):
@@ -186,9 +191,11 @@ def _merge(module: Module, group: list[_Sibling], signature: Hashable) -> None:
     pos = {id(i): k for k, i in enumerate(module.instructions)}
     first = min((s.anchor for s in group), key=lambda a: pos[id(a)])
     a0 = group[0].anchor
-    weights = np.concatenate([s.anchor.inputs[1].op.value for s in group], axis=_weight_axis(a0))  # type: ignore[attr-defined]
-    w = module.make_literal(weights, origin=a0.inputs[1].origin)
-    added = [w, module.make(a0.op, [a0.inputs[0], w], a0.origin)]
+    weights = np.concatenate([_weights(s.anchor).op.value for s in group], axis=_weight_axis(a0))  # type: ignore[attr-defined]
+    w = module.make_literal(weights, origin=_weights(a0).origin)
+    inputs = list(a0.inputs)
+    inputs[a0.op.weight_input] = w
+    added = [w, module.make(a0.op, inputs, a0.origin)]
     merged = [added[-1]]
     for j, (op, refs) in enumerate(entries, start=1):
         args = []

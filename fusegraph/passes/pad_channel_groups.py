@@ -17,9 +17,11 @@ from __future__ import annotations
 import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_literal
 from fusegraph.ops.views import Reshape, Slice
 from fusegraph.passes.fold_into_weights import add_bias
 from fusegraph.passes.literal_values import broadcast_literal
+from fusegraph.passes.rewrite import rewrite_each
 
 MAX_GROUP = 256  # wider groups gain nothing: a tile is at most this wide
 
@@ -30,7 +32,7 @@ def padded(n: int) -> int:
 
 def _split(conv: Instruction, reshape: Instruction) -> tuple[int, int] | None:
     """(groups, group size) when `reshape` splits the conv's channel axis into exactly two dims."""
-    lens, dims = conv.shape.lens, reshape.op.attrs["dims"]
+    lens, dims = conv.shape.lens, reshape.shape.lens
     if len(dims) != len(lens) + 1 or dims[0] != lens[0] or tuple(dims[3:]) != tuple(lens[2:]):
         return None
     groups, size = dims[1], dims[2]
@@ -52,15 +54,12 @@ class PadChannelGroups:
     def apply(self, module: Module) -> bool:
         # a rewrite replaces only its own chain, so the other convolutions' readers stay valid
         users = module.users()
-        changed = False
-        for conv in list(module.instructions):
-            if self._rewrite(module, conv, users):
-                changed = True
-        return changed
+        return rewrite_each(module, lambda conv: self._rewrite(module, conv, users))
 
     def _rewrite(self, module: Module, conv: Instruction, users: dict[Instruction, list[Instruction]]) -> bool:
-        if conv.op.name != "convolution" or conv.op.attrs["group"] != 1 or conv.inputs[1].op.name != "@literal":
-            return False
+        op = conv.op
+        if op.family != "gemm" or not op.spatial_window or op.attrs["group"] != 1 or not is_literal(conv.inputs[1]):
+            return False  # a convolution with constant weights, [M, C, *k]
         chain = [conv]
         bias = None
         (nxt, *more) = users.get(conv, []) or [None]
@@ -78,7 +77,7 @@ class PadChannelGroups:
             (nxt, *more) = users.get(nxt, []) or [None]
             if more or nxt is None or chain[-1] in module.returns:
                 return False
-        if nxt.op.name != "reshape":
+        if not nxt.op.keeps_order:  # on the standard layout of its input: a reshape
             return False
         split = _split(conv, nxt)
         if split is None:
@@ -94,7 +93,7 @@ class PadChannelGroups:
         if bias is not None:
             vector = np.broadcast_to(bias.reshape(-1), (conv.shape.lens[1],))
             out = add_bias(module, nxt, out, _pad_rows(vector, groups, size, 0), 1, origin=chain[1].origin)
-        dims = list(nxt.op.attrs["dims"])
+        dims = list(nxt.shape.lens)
         dims[2] = padded(size)
         r = module.make(Reshape(dims), [out], nxt.origin)
         module.insert_before(nxt, r)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from fusegraph.ir.program import Program
+from fusegraph.ops.base import is_fused
 from fusegraph.passes.compact_literals import CompactLiterals
 from fusegraph.passes.constant_propagation import ConstantPropagation
 from fusegraph.passes.dead_code import DeadCodeElimination
@@ -23,12 +24,11 @@ from fusegraph.passes.fuse_pointwise import FusePointwise
 from fusegraph.passes.manager import Pass, PassReport, run_passes
 from fusegraph.passes.merge_siblings import MergeSiblings
 from fusegraph.passes.pad_channel_groups import PadChannelGroups
+from fusegraph.passes.simplify_views import SimplifyViews
 from fusegraph.passes.space_to_depth import SpaceToDepth
 
 
 def canonicalize_passes() -> list[Pass]:
-    from fusegraph.passes.simplify_views import SimplifyViews
-
     return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), SimplifyViews(),
             FoldIntoWeights(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
 
@@ -47,13 +47,13 @@ def fuse(program: Program, trace: bool = False, out: TextIO | None = None) -> Pa
 
 
 def count_kernels(program: Program) -> int:
-    return sum(1 for i in program.main if i.op.name == "fused")
+    return sum(1 for i in program.main if is_fused(i))
 
 
 def compile_program(program: Program, trace: bool = False, out: TextIO | None = None) -> str:
     """Fuse `program` and return a report: the kernels and the pass times."""
     report = fuse(program, trace, out)
-    kernels = [i for i in program.main if i.op.name == "fused"]
+    kernels = [i for i in program.main if is_fused(i)]
     names: dict[str, int] = {}
     for k in kernels:
         names[k.op.attrs["kernel"]] = names.get(k.op.attrs["kernel"], 0) + 1

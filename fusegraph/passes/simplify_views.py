@@ -10,21 +10,24 @@ from __future__ import annotations
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.views import Reshape, Transpose
-
-RESHAPES = ("reshape", "squeeze", "unsqueeze", "flatten")
+from fusegraph.passes.dead_code import DeadCodeElimination
+from fusegraph.passes.rewrite import rewrite_each
 
 
 def _merge(module: Module, ins: Instruction) -> bool:
+    """Replace `ins` by a simpler view: one reshape for two order-keeping views, one transpose
+    for two permutations, a reshape for any other order-keeping view of a standard tensor."""
     if ins.op.kind != OpKind.VIEW or not ins.inputs:
         return False
     src = ins.inputs[0]
-    if ins.op.name in RESHAPES and src.op.name in RESHAPES and src.inputs[0].shape.standard():
-        new = module.make(Reshape(ins.shape.lens), [src.inputs[0]], ins.origin)
-    elif ins.op.name == "transpose" and src.op.name == "transpose":
-        inner, outer = src.op.permutation, ins.op.permutation  # type: ignore[attr-defined]
+    reshape = Reshape(ins.shape.lens)
+    outer, inner = ins.op.axis_permutation(), src.op.axis_permutation()
+    if ins.op.keeps_order and src.op.keeps_order and src.inputs[0].shape.standard():
+        new = module.make(reshape, [src.inputs[0]], ins.origin)
+    elif outer is not None and inner is not None:
         new = module.make(Transpose([inner[p] for p in outer]), [src.inputs[0]], ins.origin)
-    elif ins.op.name in ("squeeze", "unsqueeze", "flatten") and ins.inputs[0].shape.standard():
-        new = module.make(Reshape(ins.shape.lens), [src], ins.origin)
+    elif ins.op.keeps_order and ins.op != reshape and src.shape.standard():
+        new = module.make(reshape, [src], ins.origin)
     else:
         return False
     module.replace(ins, new)
@@ -36,14 +39,8 @@ class SimplifyViews:
 
     def apply(self, module: Module) -> bool:
         changed = False
-        again = True
-        while again:
-            again = False
-            for ins in list(module.instructions):
-                if ins in module.instructions and _merge(module, ins):
-                    again = changed = True
+        while rewrite_each(module, lambda ins: ins in module.instructions and _merge(module, ins)):
+            changed = True
         if changed:
-            from fusegraph.passes.dead_code import DeadCodeElimination
-
             DeadCodeElimination().apply(module)
         return changed

@@ -24,8 +24,10 @@ import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.anchors import Convolution
+from fusegraph.ops.base import is_literal
 from fusegraph.ops.movement import Pad
 from fusegraph.ops.views import Reshape, Transpose
+from fusegraph.passes.rewrite import rewrite_each
 
 CHANNEL_MULTIPLE = 16  # channels per k chunk of a tap-major convolution
 MAX_CHANNELS = 64  # wider blocks would waste more reads than the gathers cost
@@ -33,8 +35,8 @@ MAX_CHANNELS = 64  # wider blocks would waste more reads than the gathers cost
 
 def block_stride(conv: Instruction) -> int:
     """The stride s when `conv` can run over s x s blocks of its input; 0 when not."""
-    if conv.op.name != "convolution" or conv.inputs[1].op.name != "@literal":
-        return 0
+    if conv.op.family != "gemm" or not conv.op.spatial_window or not is_literal(conv.inputs[1]):
+        return 0  # not a convolution with constant weights
     a = conv.op.attrs
     x, w = conv.inputs
     if x.shape.ndim != 4 or a["group"] != 1 or any(d != 1 for d in a["dilation"]):
@@ -60,16 +62,13 @@ class SpaceToDepth:
     name = "space_to_depth"
 
     def apply(self, module: Module) -> bool:
-        changed = False
-        for conv in list(module.instructions):
-            s = block_stride(conv)
-            if s:
-                self._rewrite(module, conv, s)
-                changed = True
-        return changed
+        return rewrite_each(module, lambda conv: self._rewrite(module, conv))
 
     @staticmethod
-    def _rewrite(module: Module, conv: Instruction, s: int) -> None:
+    def _rewrite(module: Module, conv: Instruction) -> bool:
+        s = block_stride(conv)
+        if not s:
+            return False
         x, w = conv.inputs
         n, c, h, wd = x.shape.lens
         channels = -(-s * s * c // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
@@ -83,3 +82,4 @@ class SpaceToDepth:
         a = conv.op.attrs
         op = Convolution([p // s for p in a["padding"]], [1, 1], [1, 1], 1)
         module.replace(conv, module.make(op, [y, lit], conv.origin))
+        return True
