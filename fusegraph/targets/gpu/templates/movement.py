@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from fusegraph.ir.index_expr import Expr
 from fusegraph.ir.program import Instruction
-from fusegraph.ops.pointwise import literal
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelWriter, Tile, var
+from fusegraph.targets.gpu.scalar_ops import literal
 
 
 def emit_concat(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str:
