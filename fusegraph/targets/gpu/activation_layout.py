@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from fusegraph.errors import FusegraphError
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.targets.gpu.anchor import find_anchor
 from fusegraph.targets.gpu.memory_plan import VIEW_OPS, MemoryPlan, physical_shape
 
 CHANNELS_LAST = (0, 2, 3, 1)  # [N, C, H, W] stored as [N, H, W, C]
@@ -24,8 +25,6 @@ CHANNELS_LAST = (0, 2, 3, 1)  # [N, C, H, W] stored as [N, H, W, C]
 
 def choose_activation_layouts(main: Module, plan: MemoryPlan) -> None:
     """Store channels-last every 4-d arena buffer that a 2-d convolution kernel touches."""
-    from fusegraph.targets.gpu.codegen import find_anchor
-
     wanted: set[int] = set()
     for ins in main:
         if ins.op.name != "fused" or not _is_conv2d(find_anchor(ins)):

@@ -17,6 +17,7 @@ rows would start at unaligned addresses and lose the 16-byte copies.
 from __future__ import annotations
 
 from fusegraph.ir.program import Module
+from fusegraph.targets.gpu.anchor import find_anchor
 from fusegraph.targets.gpu.memory_plan import MemoryPlan
 
 TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
@@ -25,8 +26,6 @@ TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
 def choose_weight_layouts(main: Module, plan: MemoryPlan) -> None:
     """Store [kh, kw, C, M] each literal that only 2-d convolutions read as plain weights, when
     their output channels per group are a multiple of 8."""
-    from fusegraph.targets.gpu.codegen import find_anchor
-
     wanted: dict[int, bool] = {}
     for ins in main:
         for k, x in enumerate(ins.inputs):

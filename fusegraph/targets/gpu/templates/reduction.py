@@ -18,8 +18,7 @@ from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelInputs, KernelWriter, Tile, var
-
-REDUCE_OPS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "arg_reduce", "softmax", "layernorm")
+from fusegraph.targets.gpu.templates.registry import lowers
 
 
 def _axes(op: Instruction) -> tuple[int, ...]:
@@ -32,7 +31,9 @@ def _axes(op: Instruction) -> tuple[int, ...]:
     return tuple(a["axes"])
 
 
-def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction) -> KernelSource:
+@lowers("reduction")
+def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction,
+                     allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
     opname = anchor.op.name
     x = anchor.inputs[0]
     X = x.shape.lens
