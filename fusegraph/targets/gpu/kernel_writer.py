@@ -47,10 +47,6 @@ class KernelInputs:
     out: Shape | None = None
     constants: dict[int, float] = field(default_factory=dict)
 
-    @staticmethod
-    def plain(shapes: list[Shape]) -> "KernelInputs":
-        return KernelInputs(list(shapes), [f"x{k}" for k in range(len(shapes))])
-
 
 @dataclass
 class Tile:
