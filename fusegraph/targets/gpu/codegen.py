@@ -2,8 +2,9 @@
 
 The anchor of a group (a convolution, matrix product, pooling, reduction or data movement
 op inside its sub-module) decides the template by its family; a group without one is
-pointwise and takes the flat template. Everything around the anchor (prologue loads, epilogue ops, stores
-through index maps) is written by the same kernel writer whatever the template.
+pointwise and takes the flat template. Everything around the anchor (prologue loads,
+epilogue ops, stores through index maps) is written by the same kernel writer whatever the
+template.
 """
 
 from __future__ import annotations
