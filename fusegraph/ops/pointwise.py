@@ -2,8 +2,8 @@
 
 Broadcasting is never implicit: the ONNX importer inserts `multibroadcast` views, so every
 pointwise op sees one index space and fusion can treat any chain of views as an index map.
-Each op gives a NumPy reference and a scalar template (`{0}`, `{1}` are its operands) that the
-GPU code generator turns into Triton code.
+Each op gives its arity, a NumPy reference and its type rule; how a target writes it (the GPU
+target's Triton spellings: targets/gpu/scalar_ops.py) is the target's business.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from fusegraph.ops.base import Op, OpKind, is_float, register, require
 
 
 class PointwiseOp(Op):
-    """Base of all pointwise ops; subclasses give `arity`, `fn` and `template`."""
+    """Base of all pointwise ops; subclasses give `arity` and `fn`."""
 
     kind = OpKind.POINTWISE
     arity: int = 1
-    template: str = ""
     result_bool: bool = False  # comparisons and logic produce bool
     right_identity: float | None = None  # `x op c == x` for this constant c (add: 0, mul: 1)
 
@@ -57,26 +56,13 @@ class PointwiseOp(Op):
     def fn(self, *args: np.ndarray) -> np.ndarray:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def scalar(self, *operands: str) -> str:
-        """The op applied to operand source texts, as a Triton expression."""
-        return self.template.format(*operands, **{k: literal(v) for k, v in self.attrs.items()})
 
-
-def literal(v: Any) -> str:
-    """A Python/Triton source literal for an attribute value (infinities as `float('inf')`)."""
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "float('inf')" if v > 0 else "float('-inf')"
-        return repr(v)
-    return str(v)
-
-
-def _define(name: str, arity: int, fn: Callable[..., Any], template: str, result_bool: bool = False,
+def _define(name: str, arity: int, fn: Callable[..., Any], result_bool: bool = False,
             right_identity: float | None = None) -> type[PointwiseOp]:
     cls = type(
         "Pw_" + name,
         (PointwiseOp,),
-        {"name": name, "arity": arity, "template": template, "result_bool": result_bool,
+        {"name": name, "arity": arity, "result_bool": result_bool,
          "right_identity": right_identity, "fn": lambda self, *a: fn(*a)},
     )
     return register(cls)
@@ -109,55 +95,53 @@ def _round_half_even(a: np.ndarray) -> np.ndarray:
     return np.round(a)
 
 
-_define("add", 2, np.add, "({0} + {1})", right_identity=0)
-_define("sub", 2, np.subtract, "({0} - {1})", right_identity=0)
-_define("mul", 2, np.multiply, "({0} * {1})", right_identity=1)
-_define("div", 2, _int_div, "({0} / {1})", right_identity=1)
-_define("pow", 2, _pow, "libdevice.pow({0}, {1})")
-_define("max", 2, np.maximum, "tl.maximum({0}, {1})")
-_define("min", 2, np.minimum, "tl.minimum({0}, {1})")
-_define("equal", 2, np.equal, "({0} == {1})", True)
-_define("less", 2, np.less, "({0} < {1})", True)
-_define("greater", 2, np.greater, "({0} > {1})", True)
-_define("less_or_equal", 2, np.less_equal, "({0} <= {1})", True)
-_define("greater_or_equal", 2, np.greater_equal, "({0} >= {1})", True)
-_define("logical_and", 2, np.logical_and, "({0} & {1})", True)
-_define("logical_or", 2, np.logical_or, "({0} | {1})", True)
-_define("logical_xor", 2, np.logical_xor, "({0} ^ {1})", True)
-_define("not", 1, np.logical_not, "({0} == 0)", True)
-_define("neg", 1, np.negative, "(-{0})")
-_define("abs", 1, np.abs, "tl.abs({0})")
-_define("exp", 1, np.exp, "tl.exp({0})")
-_define("log", 1, np.log, "tl.log({0})")
-_define("sqrt", 1, np.sqrt, "tl.sqrt({0})")
-_define("recip", 1, np.reciprocal, "(1.0 / {0})")
-_define("sigmoid", 1, _sigmoid, "tl.sigmoid({0})")
-_define("tanh", 1, np.tanh, "libdevice.tanh({0})")
-_define("relu", 1, lambda a: np.maximum(a, np.zeros((), a.dtype)), "tl.maximum({0}, 0.0)")
-_define("erf", 1, _erf, "libdevice.erf({0})")
-_define("floor", 1, np.floor, "tl.floor({0})")
-_define("ceil", 1, np.ceil, "tl.ceil({0})")
-_define("round", 1, _round_half_even, "libdevice.rint({0})")
-_define("sin", 1, np.sin, "tl.sin({0})")
-_define("cos", 1, np.cos, "tl.cos({0})")
-_define("sign", 1, np.sign, "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))")
-_define("tan", 1, np.tan, "libdevice.tan({0})")
-_define("asin", 1, np.arcsin, "libdevice.asin({0})")
-_define("acos", 1, np.arccos, "libdevice.acos({0})")
-_define("atan", 1, np.arctan, "libdevice.atan({0})")
-_define("sinh", 1, np.sinh, "libdevice.sinh({0})")
-_define("cosh", 1, np.cosh, "libdevice.cosh({0})")
-_define("asinh", 1, np.arcsinh, "libdevice.asinh({0})")
-_define("acosh", 1, np.arccosh, "libdevice.acosh({0})")
-_define("atanh", 1, np.arctanh, "libdevice.atanh({0})")
-# log(1 + e^x) without overflow for large x
-_define("softplus", 1, lambda a: np.logaddexp(a.dtype.type(0), a),
-        "(tl.maximum({0}, 0.0) + libdevice.log1p(tl.exp(-tl.abs({0}))))")
-_define("softsign", 1, lambda a: a / (a.dtype.type(1) + np.abs(a)), "({0} / (1.0 + tl.abs({0})))")
-_define("isnan", 1, np.isnan, "({0} != {0})", True)
+_define("add", 2, np.add, right_identity=0)
+_define("sub", 2, np.subtract, right_identity=0)
+_define("mul", 2, np.multiply, right_identity=1)
+_define("div", 2, _int_div, right_identity=1)
+_define("pow", 2, _pow)
+_define("max", 2, np.maximum)
+_define("min", 2, np.minimum)
+_define("equal", 2, np.equal, True)
+_define("less", 2, np.less, True)
+_define("greater", 2, np.greater, True)
+_define("less_or_equal", 2, np.less_equal, True)
+_define("greater_or_equal", 2, np.greater_equal, True)
+_define("logical_and", 2, np.logical_and, True)
+_define("logical_or", 2, np.logical_or, True)
+_define("logical_xor", 2, np.logical_xor, True)
+_define("not", 1, np.logical_not, True)
+_define("neg", 1, np.negative)
+_define("abs", 1, np.abs)
+_define("exp", 1, np.exp)
+_define("log", 1, np.log)
+_define("sqrt", 1, np.sqrt)
+_define("recip", 1, np.reciprocal)
+_define("sigmoid", 1, _sigmoid)
+_define("tanh", 1, np.tanh)
+_define("relu", 1, lambda a: np.maximum(a, np.zeros((), a.dtype)))
+_define("erf", 1, _erf)
+_define("floor", 1, np.floor)
+_define("ceil", 1, np.ceil)
+_define("round", 1, _round_half_even)
+_define("sin", 1, np.sin)
+_define("cos", 1, np.cos)
+_define("sign", 1, np.sign)
+_define("tan", 1, np.tan)
+_define("asin", 1, np.arcsin)
+_define("acos", 1, np.arccos)
+_define("atan", 1, np.arctan)
+_define("sinh", 1, np.sinh)
+_define("cosh", 1, np.cosh)
+_define("asinh", 1, np.arcsinh)
+_define("acosh", 1, np.arccosh)
+_define("atanh", 1, np.arctanh)
+_define("softplus", 1, lambda a: np.logaddexp(a.dtype.type(0), a))
+_define("softsign", 1, lambda a: a / (a.dtype.type(1) + np.abs(a)))
+_define("isnan", 1, np.isnan, True)
 # ONNX Mod: the remainder takes the divisor's sign (integers only); Fmod takes the dividend's (C fmod)
-_define("mod", 2, np.mod, "tl.where((({0} % {1}) != 0) & ((({0} % {1}) < 0) != ({1} < 0)), ({0} % {1}) + {1}, {0} % {1})")
-_define("fmod", 2, np.fmod, "({0} % {1})")
+_define("mod", 2, np.mod)
+_define("fmod", 2, np.fmod)
 
 
 @register
@@ -166,7 +150,6 @@ class Where(PointwiseOp):
 
     name = "where"
     arity = 3
-    template = "tl.where({0}, {1}, {2})"
 
     def type_operands(self) -> slice:
         return slice(1, None)
@@ -181,7 +164,6 @@ class Clip(PointwiseOp):
 
     name = "clip"
     arity = 3
-    template = "tl.minimum(tl.maximum({0}, {1}), {2})"
 
     def fn(self, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return np.minimum(np.maximum(x, lo), hi)
@@ -190,7 +172,6 @@ class Clip(PointwiseOp):
 @register
 class LeakyRelu(PointwiseOp):
     name = "leaky_relu"
-    template = "tl.where({0} >= 0, {0}, {0} * {alpha})"
 
     def __init__(self, alpha: float = 0.01) -> None:
         super().__init__(alpha=float(alpha))
@@ -202,7 +183,6 @@ class LeakyRelu(PointwiseOp):
 @register
 class HardSigmoid(PointwiseOp):
     name = "hard_sigmoid"
-    template = "tl.minimum(tl.maximum({0} * {alpha} + {beta}, 0.0), 1.0)"
 
     def __init__(self, alpha: float = 0.2, beta: float = 0.5) -> None:
         super().__init__(alpha=float(alpha), beta=float(beta))
@@ -218,7 +198,6 @@ class IsInf(PointwiseOp):
 
     name = "isinf"
     result_bool = True
-    template = "(({0} == float('inf')) & {detect_positive} | ({0} == float('-inf')) & {detect_negative})"
 
     def __init__(self, detect_negative: bool = True, detect_positive: bool = True) -> None:
         super().__init__(detect_negative=bool(detect_negative), detect_positive=bool(detect_positive))
@@ -232,7 +211,6 @@ class Elu(PointwiseOp):
     """x for x > 0, else alpha * (e^x - 1); scaled by `gamma` it is also Selu."""
 
     name = "elu"
-    template = "({gamma} * tl.where({0} > 0, {0}, {alpha} * (tl.exp({0}) - 1.0)))"
 
     def __init__(self, alpha: float = 1.0, gamma: float = 1.0) -> None:
         super().__init__(alpha=float(alpha), gamma=float(gamma))
@@ -247,7 +225,6 @@ class Celu(PointwiseOp):
     """max(0, x) + min(0, alpha * (e^(x/alpha) - 1))."""
 
     name = "celu"
-    template = "(tl.maximum({0}, 0.0) + tl.minimum({alpha} * (tl.exp({0} / {alpha}) - 1.0), 0.0))"
 
     def __init__(self, alpha: float = 1.0) -> None:
         super().__init__(alpha=float(alpha))
@@ -260,7 +237,6 @@ class Celu(PointwiseOp):
 @register
 class ThresholdedRelu(PointwiseOp):
     name = "thresholded_relu"
-    template = "tl.where({0} > {alpha}, {0}, 0.0)"
 
     def __init__(self, alpha: float = 1.0) -> None:
         super().__init__(alpha=float(alpha))
@@ -274,7 +250,6 @@ class Shrink(PointwiseOp):
     """x + bias below -lambd, x - bias above lambd, 0 between."""
 
     name = "shrink"
-    template = "tl.where({0} < -{lambd}, {0} + {bias}, tl.where({0} > {lambd}, {0} - {bias}, 0.0))"
 
     def __init__(self, bias: float = 0.0, lambd: float = 0.5) -> None:
         super().__init__(bias=float(bias), lambd=float(lambd))
@@ -289,7 +264,6 @@ class Shrink(PointwiseOp):
 @register
 class HardSwish(PointwiseOp):
     name = "hard_swish"
-    template = "({0} * tl.minimum(tl.maximum({0} / 6.0 + 0.5, 0.0), 1.0))"
 
     def fn(self, x: np.ndarray) -> np.ndarray:
         t = x.dtype.type
@@ -302,7 +276,6 @@ class Convert(PointwiseOp):
 
     name = "convert"
     converts_type = True
-    template = "{0}"  # the code generator emits the cast itself, from the target dtype
 
     def __init__(self, target: DType | str) -> None:
         super().__init__(target=DType(target) if isinstance(target, str) else target)
@@ -328,7 +301,6 @@ class BatchNorm(PointwiseOp):
     name = "batch_norm"
     short_name = "bn"
     arity = 5
-    template = "(({0} - {3}) * ({1} / tl.sqrt({4} + {epsilon})) + {2})"
 
     def __init__(self, epsilon: float = 1e-5) -> None:
         super().__init__(epsilon=float(epsilon))

@@ -25,6 +25,7 @@ class ViewOp(Op):
 
     kind = OpKind.VIEW
     falls_back_to_copy: bool = False  # its shape rule gives a copy's strides when no view fits
+    aliases_input: bool = True  # its shape's strides address its input's buffer (no copy is needed)
 
 
 def view_strides(lens: Sequence[int], strides: Sequence[int], new_lens: Sequence[int]) -> tuple[int, ...] | None:
@@ -280,6 +281,7 @@ class _BlockRearrange(ViewOp):
     """
 
     bijective = True
+    aliases_input = False
 
     def __init__(self, blocksize: int, mode: str = "DCR") -> None:
         super().__init__(blocksize=int(blocksize), mode=mode)

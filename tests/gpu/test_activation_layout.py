@@ -50,3 +50,36 @@ def test_a_reshape_that_cannot_alias_the_layout_is_refused():
     plan.of[id(buf)].perm = CHANNELS_LAST
     with pytest.raises(CodegenError, match="reshape"):
         physical_shape(flat, plan)
+
+
+def test_a_view_that_is_only_an_index_map_gets_no_buffer_of_its_input():
+    from fusegraph.ops.views import DepthToSpace
+
+    main = Module()
+    buf = main.add(Allocate(DType.float32, [1, 8, 3, 5]))
+    moved = main.add(DepthToSpace(2), [buf])
+    main.set_returns([moved], ["y"])
+    with pytest.raises(CodegenError, match="depth_to_space"):
+        plan_memory(main)
+
+
+def test_only_convolution_kernels_store_their_feature_maps_channels_last():
+    from onnx import helper
+
+    from fusegraph import parse_onnx
+    from fusegraph.passes.pipeline import fuse
+    from fusegraph.targets.gpu.codegen import plan_program
+    from tests.helpers import make_model, rand
+
+    def model(second):
+        nodes = [helper.make_node("Exp", ["x"], ["e"]), second, helper.make_node("Sigmoid", ["p"], ["y"])]
+        return make_model(nodes, {"x": [2, 8, 4, 4]}, ["y"], {"w": rand(*weights[second.op_type], seed=1)})
+
+    weights = {"Conv": (8, 8, 3, 3), "MatMul": (4, 4)}
+    for second, want in ((helper.make_node("Conv", ["e", "w"], ["p"], pads=[1, 1, 1, 1]), CHANNELS_LAST),
+                         (helper.make_node("MatMul", ["e", "w"], ["p"]), None)):
+        program = parse_onnx(model(second))
+        fuse(program)
+        plan = plan_program(program.main)
+        perms = {b.perm for b in plan.buffers if b.kind == "arena" and b.shape.ndim == 4}
+        assert perms == {want}, (second.op_type, perms)

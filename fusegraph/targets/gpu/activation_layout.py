@@ -17,18 +17,18 @@ from __future__ import annotations
 
 from fusegraph.errors import FusegraphError
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.targets.gpu.memory_plan import VIEW_OPS, MemoryPlan, physical_shape
+from fusegraph.ops.base import is_fused
+from fusegraph.targets.gpu.anchor import find_anchor
+from fusegraph.targets.gpu.memory_plan import MemoryPlan, aliases_input, physical_shape
 
 CHANNELS_LAST = (0, 2, 3, 1)  # [N, C, H, W] stored as [N, H, W, C]
 
 
 def choose_activation_layouts(main: Module, plan: MemoryPlan) -> None:
     """Store channels-last every 4-d arena buffer that a 2-d convolution kernel touches."""
-    from fusegraph.targets.gpu.codegen import find_anchor
-
     wanted: set[int] = set()
     for ins in main:
-        if ins.op.name != "fused" or not _is_conv2d(find_anchor(ins)):
+        if not is_fused(ins) or not _is_conv2d(find_anchor(ins)):
             continue
         for x in [ins, *ins.inputs]:
             b = plan.of.get(id(x))
@@ -45,11 +45,14 @@ def choose_activation_layouts(main: Module, plan: MemoryPlan) -> None:
         b.perm = CHANNELS_LAST
         try:  # every view of the buffer must alias the new layout
             for v in values.get(b.id, []):
-                if v.op.name in VIEW_OPS:
+                if aliases_input(v):
                     physical_shape(v, plan)
         except FusegraphError:
             b.perm = None
 
 
 def _is_conv2d(anchor: Instruction | None) -> bool:
-    return anchor is not None and anchor.op.name == "convolution" and anchor.shape.ndim == 4
+    """A product with a 4-d output whose channels are axis 1: a 2-d convolution (a 4-d batched
+    matrix product has its channels last)."""
+    return (anchor is not None and anchor.op.family == "gemm" and anchor.shape.ndim == 4
+            and anchor.op.channel_axis(4) == 1)

@@ -16,6 +16,7 @@ import numpy as np
 from fusegraph.ir.index_expr import evaluate
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape
+from fusegraph.ops.base import is_fused, is_store
 from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, stored_buffer_input
 
 
@@ -23,7 +24,7 @@ def overlapping_reads(main: Module, plan: MemoryPlan) -> list[str]:
     """One line per kernel input that aliases elements its kernel writes (empty: all clear)."""
     problems = []
     for ins in main:
-        if ins.op.name != "fused":
+        if not is_fused(ins):
             continue
         k = stored_buffer_input(ins)
         if k is None:
@@ -53,7 +54,7 @@ def _written_addresses(fused: Instruction, dest: Shape) -> np.ndarray:
     (ret,) = fused.op.module.returns
     out = []
     store = ret
-    while store.op.name == "store":
+    while is_store(store):
         m = store.op.attrs["map"]
         grids = np.indices(m.out_lens, dtype=np.int64) if m.out_lens else np.zeros((0,), np.int64)
         env = {v.name: g for v, g in zip(m.out_vars, grids)}

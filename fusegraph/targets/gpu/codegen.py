@@ -1,9 +1,10 @@
 """Chooses a template for each fused instruction and generates its kernel.
 
 The anchor of a group (a convolution, matrix product, pooling, reduction or data movement
-op inside its sub-module) decides the template; a group without one is pointwise and takes
-the flat template. Everything around the anchor (prologue loads, epilogue ops, stores
-through index maps) is written by the same kernel writer whatever the template.
+op inside its sub-module) decides the template by its family; a group without one is
+pointwise and takes the flat template. Everything around the anchor (prologue loads,
+epilogue ops, stores through index maps) is written by the same kernel writer whatever the
+template.
 """
 
 from __future__ import annotations
@@ -15,32 +16,18 @@ import numpy as np
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction
+from fusegraph.ops.base import is_fused, is_literal
+from fusegraph.targets.gpu.activation_layout import choose_activation_layouts
+from fusegraph.targets.gpu.anchor import find_anchor
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import CodegenError, KernelInputs
+from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, plan_memory, stored_buffer_input
+from fusegraph.targets.gpu.templates import movement, reduction, window  # noqa: F401  (they register what they lower)
 from fusegraph.targets.gpu.templates.flat import flat_kernel
-from fusegraph.targets.gpu.templates.gemm import gemm_kernel
-from fusegraph.targets.gpu.templates.movement import emit_concat, emit_gather, emit_pad
-from fusegraph.targets.gpu.templates.reduction import REDUCE_OPS, reduction_kernel
-from fusegraph.targets.gpu.templates.window import emit_lrn, emit_pooling
+from fusegraph.targets.gpu.templates.registry import template_for
+from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
 
 INLINED_CONSTANT_TYPES = (DType.float16, DType.float32, DType.float64)  # exact as a Python float
-FLAT_ANCHORS = {"pooling": emit_pooling, "lrn": emit_lrn, "concat": emit_concat, "pad": emit_pad, "gather": emit_gather}
-ANCHORS = ("convolution", "dot", *FLAT_ANCHORS, *REDUCE_OPS)
-
-
-def find_anchor(fused: Instruction) -> Instruction | None:
-    """The one op of the group that is not pointwise, load, store or allocation."""
-    anchors = []
-    for ins in fused.op.module:
-        if ins.op.name in ("@param", "load", "store", "allocate") or ins.op.kind.value == "pointwise":
-            continue
-        if ins.op.name not in ANCHORS:
-            raise CodegenError(f"kernel {fused.op.attrs['kernel']}: the GPU target has no template for op {ins.op.name}")
-        anchors.append(ins)
-    if len(anchors) > 1:
-        raise CodegenError(f"kernel {fused.op.attrs['kernel']} holds {len(anchors)} anchors "
-                           f"({', '.join(a.op.name for a in anchors)}); one per kernel is supported")
-    return anchors[0] if anchors else None
 
 
 def kernel_function_name(position: int, kernel: str) -> str:
@@ -57,24 +44,16 @@ def generate(fused: Instruction, position: int, inputs: KernelInputs, allow_tf32
     try:
         if anchor is None:
             src = flat_kernel(name, kernel, module, inputs)
-        elif anchor.op.name in ("convolution", "dot"):
-            src = gemm_kernel(name, kernel, module, inputs, anchor, allow_tf32, interpret)
-        elif anchor.op.name in FLAT_ANCHORS:
-            src = flat_kernel(name, kernel, module, inputs, anchor, FLAT_ANCHORS[anchor.op.name])
         else:
-            src = reduction_kernel(name, kernel, module, inputs, anchor)
+            src = template_for(anchor.op)(name, kernel, module, inputs, anchor, allow_tf32, interpret)
     except CodegenError as e:
         raise CodegenError(f"kernel {name} ({fused.origin or kernel}): {e}") from None
     src.interpret = interpret
     return src
 
 
-def plan_program(main: Any) -> Any:
+def plan_program(main: Any) -> MemoryPlan:
     """The memory plan of a fused main module with the physical layouts its kernels read."""
-    from fusegraph.targets.gpu.activation_layout import choose_activation_layouts
-    from fusegraph.targets.gpu.memory_plan import plan_memory
-    from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
-
     plan = plan_memory(main)
     choose_weight_layouts(main, plan)
     choose_activation_layouts(main, plan)
@@ -85,16 +64,14 @@ def program_kernels(program: Any, allow_tf32: bool = False, interpret: bool = Fa
     """The kernels of a fused program, generated without loading them (for printing)."""
     plan = plan_program(program.main)
     out = []
-    for pos, ins in enumerate(i for i in program.main if i.op.name == "fused"):
+    for pos, ins in enumerate(i for i in program.main if is_fused(i)):
         out.append(generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret))
     return out
 
 
-def kernel_inputs(fused: Instruction, plan: Any) -> KernelInputs:
+def kernel_inputs(fused: Instruction, plan: MemoryPlan) -> KernelInputs:
     """Inputs of `fused` as its kernel sees them (in their buffers' layouts); views of one
     buffer share a pointer."""
-    from fusegraph.targets.gpu.memory_plan import physical_shape, stored_buffer_input
-
     first: dict[int, int] = {}
     names = []
     shapes = []
@@ -104,7 +81,7 @@ def kernel_inputs(fused: Instruction, plan: Any) -> KernelInputs:
         first.setdefault(b.id, k)
         names.append(f"x{first[b.id]}")
         shapes.append(physical_shape(x, plan))
-        if x.op.name == "@literal" and x.shape.dtype in INLINED_CONSTANT_TYPES:
+        if is_literal(x) and x.shape.dtype in INLINED_CONSTANT_TYPES:
             value = _uniform_value(np.asarray(x.op.value))
             if value is not None:
                 constants[k] = value

@@ -58,10 +58,6 @@ class KernelSource:
     def digest(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()[:16]
 
-    @staticmethod
-    def constexpr_names(config: Config) -> list[str]:
-        return [k for k in config if k not in ("num_warps", "num_stages")]
-
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)

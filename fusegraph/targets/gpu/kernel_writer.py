@@ -5,8 +5,8 @@ or the group's iteration space. A template decides how the kernel walks a space 
 of elements, an (m, n) tile of a matrix product, a loop over a window) and asks the writer for
 a value at an index given as expressions over the template's own variables. The writer emits
 the loads (addresses from the composed index maps, simplified by the index algebra, and masks
-from the tile bounds and the domains), the pointwise ops (from each op's scalar template) and
-the stores. Because addresses are built symbolically, an identity read over a flat block comes
+from the tile bounds and the domains), the pointwise ops (spelled by scalar_ops.py) and the
+stores. Because addresses are built symbolically, an identity read over a flat block comes
 out as `x0 + xo` and a scattered store as `34000 * (rn // 85) + 85 * rm + rn % 85`.
 """
 
@@ -17,30 +17,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from fusegraph.errors import FusegraphError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Expr, Sum, Var, bounds, free_vars, substitute, to_source
 from fusegraph.ir.index_map import linear_offset
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import OpKind
+from fusegraph.ops.base import OpKind, is_allocate, is_load, is_param, is_store
+from fusegraph.targets.gpu.errors import CodegenError
+from fusegraph.targets.gpu.scalar_ops import TRITON_TYPES, Operands, compute_type, literal, pointwise
 
 Index = tuple[Expr, ...]
-
-TRITON_TYPES = {
-    DType.float32: "tl.float32", DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16",
-    DType.float64: "tl.float64", DType.int64: "tl.int64", DType.int32: "tl.int32", DType.int16: "tl.int16",
-    DType.int8: "tl.int8", DType.uint8: "tl.uint8", DType.bool: "tl.int1",
-}
-
-
-class CodegenError(FusegraphError):
-    """A fused instruction the GPU target cannot generate code for; names the op."""
-
-
-def compute_type(dtype: DType) -> DType:
-    """Half and bf16 values are computed in fp32 inside a kernel and rounded when stored."""
-    return DType.float32 if dtype in (DType.float16, DType.bfloat16) else dtype
 
 
 @dataclass
@@ -60,10 +46,6 @@ class KernelInputs:
     names: list[str]
     out: Shape | None = None
     constants: dict[int, float] = field(default_factory=dict)
-
-    @staticmethod
-    def plain(shapes: list[Shape]) -> "KernelInputs":
-        return KernelInputs(list(shapes), [f"x{k}" for k in range(len(shapes))])
 
 
 @dataclass
@@ -199,9 +181,9 @@ class KernelWriter:
 
     def buffer(self, ins: Instruction) -> tuple[str, Shape]:
         """Kernel argument and addressing of the buffer behind a param or the output allocation."""
-        if ins.op.name == "@param":
+        if is_param(ins):
             return self.args[id(ins)]
-        if ins.op.name == "allocate":
+        if is_allocate(ins):
             self.out_shape = self.inputs.out or ins.shape
             return "out", self.out_shape
         raise CodegenError(f"cannot address {ins.op.name} as a buffer")
@@ -214,7 +196,7 @@ class KernelWriter:
             return tile.memo[key]
         if id(ins) in self.anchor_values:
             code = self.anchor_values[id(ins)](tile, index)
-        elif ins.op.name == "load":
+        elif is_load(ins):
             code = self._load(ins, tile, index, mask)
         elif ins.op.kind == OpKind.POINTWISE:
             code = self._pointwise(ins, tile, index, mask)
@@ -225,11 +207,11 @@ class KernelWriter:
 
     def _load(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
         source = ins.inputs[0]
-        if source.op.name == "@param" and id(ins) not in self.raw_loads:
+        if is_param(source) and id(ins) not in self.raw_loads:
             k = self.params.index(source)
             if k in self.inputs.constants:
                 value = self.inputs.constants[k]
-                name = self.let(f"tl.full([], {_float_literal(value)}, {TRITON_TYPES[compute_type(ins.shape.dtype)]})", "c")
+                name = self.let(f"tl.full([], {literal(float(value))}, {TRITON_TYPES[compute_type(ins.shape.dtype)]})", "c")
                 self.constant_of[name] = value
                 return name
         m = ins.op.attrs["map"]
@@ -276,27 +258,10 @@ class KernelWriter:
         return out
 
     def _pointwise(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
-        operands = [self.value(x, tile, index, mask) for x in ins.inputs]
-        op = ins.op
+        codes = tuple(self.value(x, tile, index, mask) for x in ins.inputs)
         out = ins.shape.dtype
         first = ins.inputs[0].shape.dtype if ins.inputs else out
-        if op.name == "convert":
-            if out == DType.bool:
-                code = f"({operands[0]} != 0)"
-            else:
-                code = f"{operands[0]}.to({TRITON_TYPES[compute_type(out)]})"
-        elif op.name == "div" and first.is_integer:
-            code = f"({operands[0]} // {operands[1]})"
-        elif op.name in ("relu",) and first.is_integer:
-            code = f"tl.maximum({operands[0]}, 0)"
-        elif op.name == "pow" and first.is_integer:  # libdevice's pow is for floats: exact in float64
-            code = (f"libdevice.pow({operands[0]}.to(tl.float64), {operands[1]}.to(tl.float64))"
-                    f".to({TRITON_TYPES[out]})")
-        elif op.name == "pow" and self.constant_of.get(operands[1]) in (1.0, 2.0):  # a square, as YOLO's box sizes
-            code = operands[0] if self.constant_of[operands[1]] == 1.0 else f"({operands[0]} * {operands[0]})"
-        else:
-            code = op.scalar(*operands)
-        return self.let(code)
+        return self.let(pointwise(ins.op, Operands(codes, first, out, self.constant_of)))
 
     # -- stores ------------------------------------------------------------------------
     def store(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...] = ()) -> None:
@@ -324,7 +289,7 @@ class KernelWriter:
         """(pointer, value, conditions beyond the tile's bounds, their ranges) of each store of
         a chain, in order."""
         dest = ins.inputs[0]
-        parts = self._store_parts(dest, tile, index) if dest.op.name == "store" else []
+        parts = self._store_parts(dest, tile, index) if is_store(dest) else []
         arg, shape = self.buffer(self.root_buffer(dest))
         m = ins.op.attrs["map"]
         idx = m.apply(index, check=False)
@@ -338,7 +303,7 @@ class KernelWriter:
 
     @staticmethod
     def root_buffer(ins: Instruction) -> Instruction:
-        while ins.op.name == "store":
+        while is_store(ins):
             ins = ins.inputs[0]
         return ins
 
@@ -376,14 +341,6 @@ def _cover(ranges: list[list[tuple[Expr, int, int]]]) -> bool:
 
 def _all(conds: list[str]) -> str:
     return " & ".join(_dedupe(conds)) or "True"
-
-
-def _float_literal(value: float) -> str:
-    if value != value:
-        return "float('nan')"
-    if value in (float("inf"), float("-inf")):
-        return f"float('{value}')"
-    return repr(float(value))
 
 
 def var(name: str, extent: int) -> Var:

@@ -10,14 +10,21 @@ size next to the lower bound (the most bytes live at any one instruction).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape, standard_strides
-from fusegraph.targets.gpu.kernel_writer import CodegenError
+from fusegraph.ops.base import OpKind, is_allocate, is_fused, is_literal, is_param, is_store
+from fusegraph.ops.views import view_strides
+from fusegraph.targets.gpu.errors import CodegenError
 
 ALIGN = 256
-VIEW_OPS = ("reshape", "transpose", "multibroadcast", "slice", "squeeze", "unsqueeze", "flatten")
+
+
+def aliases_input(ins: Instruction) -> bool:
+    """Whether `ins` is a view whose value lies in its input's buffer (a view that exists only
+    as an index map, such as a depth-to-space rearrangement, does not)."""
+    return ins.op.kind == OpKind.VIEW and ins.op.aliases_input
 
 
 @dataclass
@@ -45,7 +52,6 @@ class MemoryPlan:
     arena_bytes: int = 0
     lower_bound: int = 0
     output_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         mib = 1 << 20
@@ -58,9 +64,9 @@ def stored_buffer_input(fused: Instruction) -> int | None:
     """Which input of `fused` its stores write into (concat elimination), or None for a fresh one."""
     (ret,) = fused.op.module.returns
     root = ret
-    while root.op.name == "store":
+    while is_store(root):
         root = root.inputs[0]
-    if root.op.name == "allocate":
+    if is_allocate(root):
         return None
     params = list(fused.op.module.params.values())
     return params.index(root)
@@ -77,22 +83,20 @@ def plan_memory(main: Module) -> MemoryPlan:
         return b
 
     for pos, ins in enumerate(main.instructions):
-        op = ins.op.name
-        if op == "@param":
+        if is_param(ins):
             of[id(ins)] = new(ins, "param", pos, ins.op.attrs["name"])
-        elif op == "@literal":
+        elif is_literal(ins):
             of[id(ins)] = new(ins, "literal", pos)
-        elif op == "allocate":
+        elif is_allocate(ins):
             of[id(ins)] = new(ins, "arena", pos)
-        elif op in VIEW_OPS:
+        elif aliases_input(ins):
             of[id(ins)] = of[id(ins.inputs[0])]
-        elif op == "fused":
+        elif is_fused(ins):
             k = stored_buffer_input(ins)
             of[id(ins)] = new(ins, "arena", pos) if k is None else of[id(ins.inputs[k])]
-        elif op == "@return":
-            continue
         else:
-            raise CodegenError(f"instruction {ins.name} ({op}) was left unfused; the GPU target runs fused kernels only")
+            raise CodegenError(f"instruction {ins.name} ({ins.op.name}) was left unfused; "
+                               "the GPU target runs fused kernels only")
     for pos, ins in enumerate(main.instructions):
         for x in ins.inputs:
             b = of.get(id(x))
@@ -149,15 +153,13 @@ def physical_shape(value: Instruction, plan: MemoryPlan) -> Shape:
     input's by the view's own shape rule, so a slice of a channels-last concat buffer is
     addressed channels-last too. Raises CodegenError for a reshape the layout cannot alias.
     """
-    from fusegraph.ops.views import view_strides
-
     b = plan.of[id(value)]
     if b.perm is None:
         return value.shape
-    if value.op.name not in VIEW_OPS:
+    if not aliases_input(value):
         return strided_shape(value.shape, b.perm)
     x = physical_shape(value.inputs[0], plan)
-    if value.op.name in ("reshape", "flatten"):  # their shape rule falls back to a copy's strides
+    if value.op.falls_back_to_copy:  # its shape rule would give a copy's strides, not an alias's
         strides = view_strides(x.lens, x.strides, value.shape.lens)
         if strides is None:
             raise CodegenError(f"{value.name} ({value.op.name}) cannot view buffer {b.id} in its layout {b.perm}")

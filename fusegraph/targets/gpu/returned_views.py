@@ -12,14 +12,14 @@ from __future__ import annotations
 from fusegraph.ir.index_map import identity_map
 from fusegraph.ir.program import Module
 from fusegraph.passes.group_builder import GroupBuilder, Piece, group_name
-from fusegraph.targets.gpu.memory_plan import VIEW_OPS
+from fusegraph.targets.gpu.memory_plan import aliases_input
 
 
 def copy_returned_views(main: Module) -> None:
     """Return a fresh copy of each output that is a view, a parameter or a literal."""
     outputs = list(main.returns)
     for k, r in enumerate(outputs):
-        if r.op.name not in VIEW_OPS and r.op.name not in ("@param", "@literal"):
+        if not (aliases_input(r) or r.op.kind.is_source):
             continue
         if r.shape.elements == 0:
             continue  # nothing to copy; the plan gives it a buffer of its own

@@ -16,7 +16,9 @@ rows would start at unaligned addresses and lose the 16-byte copies.
 
 from __future__ import annotations
 
-from fusegraph.ir.program import Module
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_fused, is_literal, is_load
+from fusegraph.targets.gpu.anchor import find_anchor
 from fusegraph.targets.gpu.memory_plan import MemoryPlan
 
 TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
@@ -25,20 +27,17 @@ TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
 def choose_weight_layouts(main: Module, plan: MemoryPlan) -> None:
     """Store [kh, kw, C, M] each literal that only 2-d convolutions read as plain weights, when
     their output channels per group are a multiple of 8."""
-    from fusegraph.targets.gpu.codegen import find_anchor
-
     wanted: dict[int, bool] = {}
     for ins in main:
         for k, x in enumerate(ins.inputs):
             b = plan.of.get(id(x))
-            if b is None or b.kind != "literal" or x.op.name != "@literal":
+            if b is None or b.kind != "literal" or not is_literal(x):
                 continue
             ok = False
-            if ins.op.name == "fused":
+            if is_fused(ins):
                 anchor = find_anchor(ins)
                 param = list(ins.op.module.params.values())[k]
-                ok = (anchor is not None and anchor.op.name == "convolution" and x.shape.ndim == 4
-                      and (x.shape.lens[0] // anchor.op.attrs["group"]) % 8 == 0
+                ok = (anchor is not None and _conv2d_weights(anchor, x)
                       and _only_plain_weight_reads(ins.op.module, param, anchor))
             wanted[b.id] = wanted.get(b.id, True) and ok
     for b in plan.buffers:
@@ -46,8 +45,16 @@ def choose_weight_layouts(main: Module, plan: MemoryPlan) -> None:
             b.perm = TAP_MAJOR
 
 
-def _only_plain_weight_reads(module: Module, param: object, anchor: object) -> bool:
+def _conv2d_weights(anchor: Instruction, w: Instruction) -> bool:
+    """4-d weights of a product whose output channels are their axis 0 (a 2-d convolution's
+    [M, C, kh, kw]), with a multiple of 8 output channels per group."""
+    if anchor.op.family != "gemm" or w.shape.ndim != 4 or anchor.op.weight_channel_axis(4) != 0:
+        return False
+    return (w.shape.lens[0] // anchor.op.attrs["group"]) % 8 == 0
+
+
+def _only_plain_weight_reads(module: Module, param: Instruction, anchor: Instruction) -> bool:
     readers = [i for i in module if param in i.inputs]
-    return (len(readers) == 1 and readers[0].op.name == "load" and readers[0] is anchor.inputs[1]  # type: ignore[attr-defined]
+    return (len(readers) == 1 and is_load(readers[0]) and readers[0] is anchor.inputs[anchor.op.weight_input]
             and readers[0].op.attrs["map"].is_identity() and not readers[0].op.attrs["domain"])
 

@@ -13,6 +13,7 @@ import numpy as np
 from fusegraph.errors import InputError
 from fusegraph.ir.program import Instruction, Module, Program
 from fusegraph.ir.shape import Shape
+from fusegraph.ops.base import is_param
 
 
 def check_inputs(params: Mapping[str, Shape], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -59,7 +60,7 @@ def run_module(module: Module, args: Mapping[Instruction, np.ndarray] | None = N
         for k, ins in enumerate(module.instructions):
             if ins in args:
                 values[id(ins)] = args[ins]
-            elif ins.op.name == "@param":
+            elif is_param(ins):
                 values[id(ins)] = params[ins.op.attrs["name"]]
             else:
                 try:

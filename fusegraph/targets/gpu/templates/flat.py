@@ -1,8 +1,8 @@
 """The flat template: one program per block of output elements, one element per lane.
 
 It serves every fused group whose output element is computed on its own: pointwise groups,
-copies, and anchors that are a small loop per element (pooling windows, LRN, data movement),
-which register themselves as anchor emitters. Contiguous dims collapse on their own: the
+copies, and the window and movement families, whose anchors are a small loop per element
+(pooling windows, LRN, data movement): each registers an anchor emitter for its op. Contiguous dims collapse on their own: the
 iteration index is the delinearized flat offset, and the index algebra folds an identity
 address back into the offset, so loads and stores are plain vector accesses. The offset walks
 the dims in the order the output buffer stores them (a channels-last buffer channel-fastest),
@@ -12,16 +12,15 @@ so neighbouring lanes write neighbouring addresses whatever the layout.
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 from fusegraph.ir.index_expr import evaluate
 from fusegraph.ir.index_map import delinearize, linear_offset
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_store
+from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
-from fusegraph.targets.gpu.kernel_writer import Index, KernelInputs, KernelWriter, Tile, var
-
-# An anchor emitter writes the lines computing the anchor at `index` and returns its value.
-Emitter = Callable[[KernelWriter, Instruction, Tile, Index], str]
+from fusegraph.targets.gpu.kernel_writer import KernelInputs, KernelWriter, Tile, var
+from fusegraph.targets.gpu.templates.registry import Emitter, emitter_for, lowers
 
 
 def flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs,
@@ -49,6 +48,13 @@ def flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs,
     return KernelSource(name, kernel, "flat", body, args, configs, [(total, "XBLOCK", None)])
 
 
+@lowers("window", "movement")
+def anchored_flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction,
+                         allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
+    """The flat kernel around a window or movement anchor (the product options do not apply)."""
+    return flat_kernel(name, kernel, module, inputs, anchor, emitter_for(anchor.op))
+
+
 def _store_order(w: KernelWriter, store: Instruction, space: tuple[int, ...]) -> list[int]:
     """The iteration dims from the slowest to the fastest moving address of the stored buffer."""
     root = w.root_buffer(store)
@@ -65,11 +71,9 @@ def _space(store: Instruction) -> tuple[int, ...]:
     """The iteration space of a group: the domain of its stores' maps (all the same)."""
     spaces = set()
     ins = store
-    while ins.op.name == "store":
+    while is_store(ins):
         spaces.add(ins.op.attrs["map"].out_lens)
         ins = ins.inputs[0]
     if len(spaces) != 1:
-        from fusegraph.targets.gpu.kernel_writer import CodegenError
-
         raise CodegenError(f"stores over different index spaces {sorted(spaces)}")
     return spaces.pop()

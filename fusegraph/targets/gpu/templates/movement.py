@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from fusegraph.ir.index_expr import Expr
 from fusegraph.ir.program import Instruction
-from fusegraph.ops.pointwise import literal
-from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelWriter, Tile, var
+from fusegraph.ops.movement import Concat, Gather, Pad
+from fusegraph.targets.gpu.errors import CodegenError
+from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile, var
+from fusegraph.targets.gpu.scalar_ops import literal
+from fusegraph.targets.gpu.templates.registry import emits
 
 
+@emits(Concat)
 def emit_concat(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str:
     axis = ins.op.attrs["axis"]
     result = None
@@ -40,6 +44,7 @@ def _dynamic(w: KernelWriter, tile: Tile, code: str, extent: int) -> tuple[Tile,
     return Tile(names, dict(tile.bounds)), v
 
 
+@emits(Pad)
 def emit_pad(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str:
     a = ins.op.attrs
     (x,) = ins.inputs
@@ -73,6 +78,7 @@ def emit_pad(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str
     return w.value(x, cur, tuple(idx))
 
 
+@emits(Gather)
 def emit_gather(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str:
     axis = ins.op.attrs["axis"]
     data, indices = ins.inputs

@@ -1,16 +1,20 @@
-"""The row-reduction template: reduce_*, arg max/min, softmax and layer norm.
+"""The row-reduction template: reductions, arg max/min, softmax and layer norm.
 
-The input's dims split into kept dims (rows, `ro`) and reduced dims (`rr`); a program takes
-a block of rows and walks the reduced dims in chunks, lane-wise first and across lanes at
-the end. Softmax and layer norm make more passes over the row (max, then sum, then the
-output), each reading the input through its prologue again (the row stays in L2), and run
-their epilogue inside the last pass, at the full index.
+The input's dims split into kept dims (rows, `ro`) and reduced dims (`rr`, the op's
+`reduced_axes`); a program takes a block of rows and walks the reduced dims in chunks,
+lane-wise first and across lanes at the end. The op's `algorithm` picks the emitter: a plain
+fold combines with one pointwise op (spelled by the scalar table), softmax and layer norm make
+more passes over the row (max, then sum, then the output), each reading the input through its
+prologue again (the row stays in L2), and run their epilogue inside the last pass, at the full
+index.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Const, Expr
@@ -18,148 +22,177 @@ from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelInputs, KernelWriter, Tile, var
-
-REDUCE_OPS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "arg_reduce", "softmax", "layernorm")
-
-
-def _axes(op: Instruction) -> tuple[int, ...]:
-    a = op.op.attrs
-    rank = op.inputs[0].shape.ndim
-    if op.op.name == "layernorm":
-        return tuple(range(a["axis"], rank))
-    if op.op.name in ("softmax", "arg_reduce"):
-        return (a["axis"],)
-    return tuple(a["axes"])
+from fusegraph.targets.gpu.scalar_ops import binary_rhs, fold_across, literal
+from fusegraph.targets.gpu.templates.registry import lowers
 
 
-def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction) -> KernelSource:
-    opname = anchor.op.name
-    x = anchor.inputs[0]
-    X = x.shape.lens
-    axes = _axes(anchor)
-    kept = [d for d in range(len(X)) if d not in axes]
-    O = math.prod(X[d] for d in kept)
-    R = math.prod(X[d] for d in axes)
-    if R == 0 or O == 0:
-        raise CodegenError(f"{opname} over an empty tensor")
-    ro, rr = var("ro", O), var("rr", R)
-    outer = delinearize(ro, [X[d] for d in kept]) if kept else ()
-    red = delinearize(rr, [X[d] for d in axes])
-    full: list[Expr] = [None] * len(X)  # type: ignore[list-item]
-    reduced: list[Expr] = [None] * len(X)  # type: ignore[list-item]
+class Rows:
+    """One reduction kernel being written: its writer, the row space, and the anchor's value
+    (`out`) once an emitter has computed it."""
+
+    def __init__(self, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction, full_output: bool) -> None:
+        self.kernel, self.module, self.anchor = kernel, module, anchor
+        self.x = anchor.inputs[0]
+        lens = self.x.shape.lens
+        axes = anchor.op.reduced_axes(len(lens))
+        kept = [d for d in range(len(lens)) if d not in axes]
+        self.rows = math.prod(lens[d] for d in kept)
+        self.length = math.prod(lens[d] for d in axes)
+        if self.length == 0 or self.rows == 0:
+            raise CodegenError(f"{anchor.op.name} over an empty tensor")
+        self.full_index, self.red_index = _indices(lens, kept, axes, self.rows, self.length)
+        self.full_output = full_output
+        self.out = ""
+        self.w = KernelWriter(module, inputs, {id(anchor): self._anchor_value})
+        # float64 data, and integers (exact below 2**53), accumulate in float64; the rest in float32
+        floats = (DType.float32, DType.float16, DType.bfloat16, DType.bool)
+        self.acc_t = "tl.float32" if self.x.shape.dtype in floats else "tl.float64"
+        self.row_bound = f"(ro[:, None] < {self.rows})" if self.rows > 1 else None
+
+    def _anchor_value(self, tile: Tile, index: Index) -> str:
+        want = self.full_index if self.full_output else self.red_index
+        if index != want:
+            raise CodegenError(f"the epilogue of {self.kernel} reads the {self.anchor.op.name} at another index")
+        return self.out
+
+    @contextmanager
+    def chunk(self) -> Iterator[tuple[Tile, str]]:
+        """A loop over the reduced dims; yields the chunk's tile and its mask."""
+        bound = f"(rr[None, :] < {self.length})"
+        with self.w.block(f"for r0 in range(0, {self.length}, BR):"):
+            self.w.emit("rr = r0 + tl.arange(0, BR)")
+            tile = Tile({"ro": "ro[:, None]", "rr": "rr[None, :]"}, {"ro": self.row_bound, "rr": bound})
+            yield tile, " & ".join(m for m in (self.row_bound, bound) if m)
+
+    def load_x(self, tile: Tile) -> str:
+        return self.w.let(f"{self.w.value(self.x, tile, self.full_index)}.to({self.acc_t})")
+
+    def lanes(self, init: str, update: Callable[[str, str, str], str]) -> str:
+        """A per-lane accumulator over one pass of the row: `update(acc, x, mask)` gives its next value."""
+        acc = self.w.let(f"tl.full([BO, BR], {init}, {self.acc_t})", "lane")
+        with self.chunk() as (tile, mask):
+            self.w.emit(f"{acc} = {update(acc, self.load_x(tile), mask)}")
+        return acc
+
+    def fold(self, combine: str, identity: str, value: Callable[[str], str] = lambda v: v) -> str:
+        """One pass folding `value(x)` with pointwise op `combine`; the code of each row's result."""
+        acc = self.lanes(identity, lambda a, v, m: binary_rhs(combine, a, f"tl.where({m}, {value(v)}, {identity})"))
+        return fold_across(combine, acc, 1)
+
+    def store(self, tile: Tile, index: Index) -> None:
+        (ret,) = self.module.returns
+        self.w.store(ret, tile, index)
+
+
+def _indices(lens: tuple[int, ...], kept: list[int], axes: tuple[int, ...], rows: int, length: int) -> tuple[Index, Index]:
+    """The input's index in terms of `ro` and `rr`, and the reduced output's (reduced dims 0)."""
+    outer = delinearize(var("ro", rows), [lens[d] for d in kept]) if kept else ()
+    red = delinearize(var("rr", length), [lens[d] for d in axes])
+    full: list[Expr] = [Const(0)] * len(lens)
+    reduced: list[Expr] = [Const(0)] * len(lens)
     for d, e in zip(kept, outer):
         full[d] = reduced[d] = e
     for d, e in zip(axes, red):
         full[d] = e
-        reduced[d] = Const(0)
-    full_index, red_index = tuple(full), tuple(reduced)
-    is_full_out = opname in ("softmax", "layernorm")
-    results: dict[str, str] = {}
+    return tuple(full), tuple(reduced)
 
-    def acc_value(tile: Tile, index: Index) -> str:
-        want = full_index if is_full_out else red_index
-        if index != want:
-            raise CodegenError(f"the epilogue of {kernel} reads the {opname} at another index")
-        return results["out"]
 
-    w = KernelWriter(module, inputs, {id(anchor): acc_value})
-    # float64 data, and integers (exact below 2**53), accumulate in float64; the rest in float32
-    acc_t = "tl.float32" if x.shape.dtype in (DType.float32, DType.float16, DType.bfloat16, DType.bool) else "tl.float64"
-    w.emit("ro = tl.program_id(0) * BO + tl.arange(0, BO)")
-    row_bound = f"(ro[:, None] < {O})" if O > 1 else None
+@dataclass(frozen=True)
+class _Algorithm:
+    emit: Callable[[Rows], None]
+    full_output: bool  # one output per input element, stored by the emitter inside its last pass
 
-    def chunk() -> tuple[Tile, str]:
-        """Open a loop over the reduced dims; returns the chunk's tile and its mask."""
-        w.emit(f"for r0 in range(0, {R}, BR):")
-        w.indent += 1
-        w.emit("rr = r0 + tl.arange(0, BR)")
-        tile = Tile({"ro": "ro[:, None]", "rr": "rr[None, :]"}, {"ro": row_bound, "rr": f"(rr[None, :] < {R})"})
-        mask = " & ".join(m for m in (row_bound, f"(rr[None, :] < {R})") if m)
-        return tile, mask
 
-    def load_x(tile: Tile) -> str:
-        return w.let(f"{w.value(x, tile, full_index)}.to({acc_t})")
+ALGORITHMS: dict[str, _Algorithm] = {}
 
-    def lanes(init: str, update: Callable[[str, str, str], str]) -> str:
-        """A per-lane accumulator over one pass of the row: `update(acc, x, mask)` gives its next value."""
-        acc = w.let(f"tl.full([BO, BR], {init}, {acc_t})", "lane")
-        tile, mask = chunk()
-        w.emit(f"{acc} = {update(acc, load_x(tile), mask)}")
-        w.indent -= 1
-        return acc
 
-    if opname in ("reduce_sum", "reduce_mean"):
-        acc = lanes("0.0", lambda a, v, m: f"{a} + tl.where({m}, {v}, 0.0)")
-        total = w.let(f"tl.sum({acc}, 1)")
-        results["out"] = w.let(f"{total} / {R}.0") if opname == "reduce_mean" else total
-    elif opname in ("reduce_max", "reduce_min"):
-        big = "float('-inf')" if opname == "reduce_max" else "float('inf')"
-        fn = "maximum" if opname == "reduce_max" else "minimum"
-        acc = lanes(big, lambda a, v, m: f"tl.{fn}({a}, tl.where({m}, {v}, {big}))")
-        results["out"] = w.let(f"tl.{fn[:3]}({acc}, 1)")
-    elif opname == "reduce_prod":
-        acc = lanes("1.0", lambda a, v, m: f"{a} * tl.where({m}, {v}, 1.0)")
-        results["out"] = w.let(f"tl.reduce({acc}, 1, _prod_combine)")
-    elif opname == "arg_reduce":
-        a = anchor.op.attrs
-        big = "float('-inf')" if a["largest"] else "float('inf')"
-        better = ">" if a["largest"] else "<"
-        if a["select_last_index"]:
-            better += "="
-        best = w.let(f"tl.full([BO, BR], {big}, {acc_t})", "lane")
-        where = w.let(f"tl.full([BO, BR], {R}, tl.int64)", "lane")
-        tile, mask = chunk()
-        v = load_x(tile)
+def algorithm(name: str, full_output: bool = False) -> Callable[[Callable[[Rows], None]], Callable[[Rows], None]]:
+    """Decorator registering the emitter of reductions whose `op.algorithm` is `name`."""
+
+    def deco(fn: Callable[[Rows], None]) -> Callable[[Rows], None]:
+        ALGORITHMS[name] = _Algorithm(fn, full_output)
+        return fn
+
+    return deco
+
+
+@algorithm("fold")
+def _fold(r: Rows) -> None:
+    red = r.anchor.op.reduction
+    total = r.w.let(r.fold(red.combine, literal(red.identity)))
+    r.out = r.w.let(binary_rhs(red.finalize, total, f"{r.length}.0")) if red.finalize else total
+
+
+@algorithm("arg")
+def _arg(r: Rows) -> None:
+    a, w = r.anchor.op.attrs, r.w
+    big = "float('-inf')" if a["largest"] else "float('inf')"
+    better = ">" if a["largest"] else "<"
+    if a["select_last_index"]:
+        better += "="
+    best = w.let(f"tl.full([BO, BR], {big}, {r.acc_t})", "lane")
+    where = w.let(f"tl.full([BO, BR], {r.length}, tl.int64)", "lane")
+    with r.chunk() as (tile, mask):
+        v = r.load_x(tile)
         take = w.let(f"({v} {better} {best}) & {mask}")
         w.emit(f"{best} = tl.where({take}, {v}, {best})")
         w.emit(f"{where} = tl.where({take}, rr[None, :].to(tl.int64) + 0 * {where}, {where})")
-        w.indent -= 1
-        top = w.let(f"tl.{'max' if a['largest'] else 'min'}({best}, 1)")
-        pick = "max" if a["select_last_index"] else "min"
-        fill = "-1" if a["select_last_index"] else str(R)
-        results["out"] = w.let(f"tl.{pick}(tl.where({best} == {top}[:, None], {where}, {fill}), 1)")
-    elif opname == "softmax":
-        mx = lanes("float('-inf')", lambda a, v, m: f"tl.maximum({a}, tl.where({m}, {v}, float('-inf')))")
-        m = w.let(f"tl.max({mx}, 1)")
-        w.emit(f"{m} = tl.where({m} == float('-inf'), 0.0, {m})")
-        sm = lanes("0.0", lambda a, v, k: f"{a} + tl.where({k}, tl.exp({v} - {m}[:, None]), 0.0)")
-        s = w.let(f"tl.sum({sm}, 1)")
-        tile, mask = chunk()
-        v = load_x(tile)
-        if anchor.op.attrs["log"]:
-            results["out"] = w.let(f"{v} - {m}[:, None] - tl.log({s})[:, None]")
+    top = w.let(f"tl.{'max' if a['largest'] else 'min'}({best}, 1)")
+    pick = "max" if a["select_last_index"] else "min"
+    fill = "-1" if a["select_last_index"] else str(r.length)
+    r.out = w.let(f"tl.{pick}(tl.where({best} == {top}[:, None], {where}, {fill}), 1)")
+
+
+@algorithm("softmax", full_output=True)
+def _softmax(r: Rows) -> None:
+    w = r.w
+    m = w.let(r.fold("max", "float('-inf')"))
+    w.emit(f"{m} = tl.where({m} == float('-inf'), 0.0, {m})")
+    s = w.let(r.fold("add", "0.0", lambda v: f"tl.exp({v} - {m}[:, None])"))
+    with r.chunk() as (tile, _):
+        v = r.load_x(tile)
+        if r.anchor.op.attrs["log"]:
+            r.out = w.let(f"{v} - {m}[:, None] - tl.log({s})[:, None]")
         else:
-            results["out"] = w.let(f"tl.exp({v} - {m}[:, None]) / {s}[:, None]")
-        _store_full(w, module, tile, full_index)
-        w.indent -= 1
-    elif opname == "layernorm":
-        sm = lanes("0.0", lambda a, v, m: f"{a} + tl.where({m}, {v}, 0.0)")
-        mean = w.let(f"tl.sum({sm}, 1) / {R}.0")
-        sq = lanes("0.0", lambda a, v, m: f"{a} + tl.where({m}, ({v} - {mean}[:, None]) * ({v} - {mean}[:, None]), 0.0)")
-        rstd = w.let(f"1.0 / tl.sqrt(tl.sum({sq}, 1) / {R}.0 + {anchor.op.attrs['epsilon']})")
-        tile, mask = chunk()
-        v = load_x(tile)
-        scale = w.value(anchor.inputs[1], tile, full_index)
-        bias = w.value(anchor.inputs[2], tile, full_index)
-        results["out"] = w.let(f"({v} - {mean}[:, None]) * {rstd}[:, None] * {scale} + {bias}")
-        _store_full(w, module, tile, full_index)
-        w.indent -= 1
-    else:
-        raise CodegenError(f"no reduction template for {opname}")
-    if not is_full_out:
-        tile = Tile({"ro": "ro"}, {"ro": f"(ro < {O})" if O > 1 else None})
-        (ret,) = module.returns
-        w.store(ret, tile, red_index)
-    args = w.arg_list()
-    body = signature(name, args, ["BO", "BR"]) + "\n" + "\n".join(w.lines) + "\n"
-    br = max(16, min(1024, 1 << (R - 1).bit_length()))
-    bo = max(1, min(1 << (O - 1).bit_length() if O > 1 else 1, 4096 // br))
+            r.out = w.let(f"tl.exp({v} - {m}[:, None]) / {s}[:, None]")
+        r.store(tile, r.full_index)
+
+
+@algorithm("layernorm", full_output=True)
+def _layernorm(r: Rows) -> None:
+    w, n = r.w, f"{r.length}.0"
+    mean = w.let(binary_rhs("div", r.fold("add", "0.0"), n))
+    squares = r.fold("add", "0.0", lambda v: f"({v} - {mean}[:, None]) * ({v} - {mean}[:, None])")
+    rstd = w.let(f"1.0 / tl.sqrt({squares} / {n} + {r.anchor.op.attrs['epsilon']})")
+    with r.chunk() as (tile, _):
+        v = r.load_x(tile)
+        scale = w.value(r.anchor.inputs[1], tile, r.full_index)
+        bias = w.value(r.anchor.inputs[2], tile, r.full_index)
+        r.out = w.let(f"({v} - {mean}[:, None]) * {rstd}[:, None] * {scale} + {bias}")
+        r.store(tile, r.full_index)
+
+
+@lowers("reduction")
+def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction,
+                     allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
+    """The reduction kernel of `anchor`'s group (the product options do not apply)."""
+    alg = ALGORITHMS.get(anchor.op.algorithm)
+    if alg is None:
+        raise CodegenError(f"no reduction template for {anchor.op.name} (algorithm {anchor.op.algorithm!r})")
+    r = Rows(kernel, module, inputs, anchor, alg.full_output)
+    r.w.emit("ro = tl.program_id(0) * BO + tl.arange(0, BO)")
+    alg.emit(r)
+    if not alg.full_output:
+        r.store(Tile({"ro": "ro"}, {"ro": f"(ro < {r.rows})" if r.rows > 1 else None}), r.red_index)
+    args = r.w.arg_list()
+    body = signature(name, args, ["BO", "BR"]) + "\n" + "\n".join(r.w.lines) + "\n"
+    return KernelSource(name, kernel, "reduction", body, args, _configs(r.rows, r.length), [(r.rows, "BO", None)])
+
+
+def _configs(rows: int, length: int) -> list[dict[str, int]]:
+    br = max(16, min(1024, 1 << (length - 1).bit_length()))
+    bo = max(1, min(1 << (rows - 1).bit_length() if rows > 1 else 1, 4096 // br))
     configs = [{"BO": bo, "BR": br, "num_warps": 4, "num_stages": 1}]
     if br > 128:
         configs.append({"BO": max(1, min(bo * 2, 8192 // (br // 2))), "BR": br // 2, "num_warps": 4, "num_stages": 1})
-    return KernelSource(name, kernel, "reduction", body, args, configs, [(O, "BO", None)])
-
-
-def _store_full(w: KernelWriter, module: Module, tile: Tile, index: Index) -> None:
-    (ret,) = module.returns
-    w.store(ret, tile, index)
+    return configs

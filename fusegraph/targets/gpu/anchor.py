@@ -1,0 +1,26 @@
+"""The anchor of a fused group: the one op that a template lowers.
+
+Everything else in a group is a parameter, a load, a store, an allocation or a pointwise op,
+which the kernel writer handles whatever the template; the anchor's family picks the template.
+"""
+
+from __future__ import annotations
+
+from fusegraph.ir.program import Instruction
+from fusegraph.ops.base import OpKind
+from fusegraph.targets.gpu.errors import CodegenError
+
+
+def find_anchor(fused: Instruction) -> Instruction | None:
+    """The one op of the group that is not pointwise, load, store or allocation."""
+    anchors = []
+    for ins in fused.op.module:
+        if ins.op.kind in (OpKind.PARAM, OpKind.MEMORY, OpKind.POINTWISE):
+            continue
+        if not ins.op.family:
+            raise CodegenError(f"kernel {fused.op.attrs['kernel']}: the GPU target has no template for op {ins.op.name}")
+        anchors.append(ins)
+    if len(anchors) > 1:
+        raise CodegenError(f"kernel {fused.op.attrs['kernel']} holds {len(anchors)} anchors "
+                           f"({', '.join(a.op.name for a in anchors)}); one per kernel is supported")
+    return anchors[0] if anchors else None
