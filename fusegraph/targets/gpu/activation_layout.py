@@ -19,7 +19,7 @@ from fusegraph.errors import FusegraphError
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_fused
 from fusegraph.targets.gpu.anchor import find_anchor
-from fusegraph.targets.gpu.memory_plan import MemoryPlan, aliases_input, physical_shape
+from fusegraph.targets.gpu.memory_plan import BufferKind, MemoryPlan, aliases_input, physical_shape
 
 CHANNELS_LAST = (0, 2, 3, 1)  # [N, C, H, W] stored as [N, H, W, C]
 
@@ -32,7 +32,7 @@ def choose_activation_layouts(main: Module, plan: MemoryPlan) -> None:
             continue
         for x in [ins, *ins.inputs]:
             b = plan.of.get(id(x))
-            if b is not None and b.kind == "arena" and b.shape.ndim == 4:
+            if b is not None and b.kind == BufferKind.ARENA and b.shape.ndim == 4:
                 wanted.add(b.id)
     values: dict[int, list[Instruction]] = {}
     for ins in main:

@@ -9,18 +9,18 @@ import time
 from typing import Any, Callable
 
 from fusegraph.ir.dtypes import DType
-from fusegraph.ir.program import Program
+from fusegraph.ir.program import Instruction, Program
 from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
 from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
 from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
+from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
 from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, Config, KernelSource
 from fusegraph.ir.shape import Shape
-from fusegraph.targets.gpu.memory_plan import Buffer, stored_buffer_input
+from fusegraph.targets.gpu.memory_plan import Buffer, MemoryPlan, stored_buffer_input
 from fusegraph.targets.gpu.templates.gemm import workspace_elements
 from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.returned_views import copy_returned_views
-
 
 
 def is_fused(program: Program) -> bool:
@@ -35,9 +35,6 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     fp16/bf16 convert weights and inputs before fusion; products accumulate in fp32. Without
     a GPU the kernels run under Triton's interpreter and are not tuned.
     """
-    from fusegraph.passes.pipeline import fuse
-    from fusegraph.passes.to_half import ToHalf
-
     start = time.monotonic()
     interpret = use_interpreter_without_gpu()
     device = "cpu" if interpret else "cuda"
@@ -48,6 +45,27 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     # importing torch and creating the CUDA context happen once per process, not per compile
     startup = time.monotonic() - start
     start = time.monotonic()
+    p = _fused_copy(program, fp16, bf16)
+    plan = plan_program(p.main)
+    fused = [i for i in p.main if i.op.name == "fused"]
+    sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
+    _plan_scratch(plan, sources)
+    kernels = _kernels(fused, sources, plan, interpret, progress)
+    options = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32}
+    compiled = CompiledProgram(p, kernels, plan, device, 0.0, options)
+    if not interpret and tune:
+        _tune(compiled, exhaustive_tune, progress)
+    compiled.compile_seconds = time.monotonic() - start
+    compiled.startup_seconds = startup
+    return compiled
+
+
+def _fused_copy(program: Program, fp16: bool, bf16: bool) -> Program:
+    """A fused copy of `program`, in half precision if asked: compiling never changes the
+    caller's program, and half precision must come before fusion (it rewrites whole ops)."""
+    from fusegraph.passes.pipeline import fuse
+    from fusegraph.passes.to_half import ToHalf
+
     if (fp16 or bf16) and is_fused(program):
         raise ValueError("half precision is applied before fusion: compile the unfused program")
     p = copy.deepcopy(program)
@@ -56,32 +74,43 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     if not is_fused(p):
         fuse(p)
     copy_returned_views(p.main)
-    plan = plan_program(p.main)
-    fused = [i for i in p.main if i.op.name == "fused"]
-    sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
-    # split-k scratch, shared by every kernel (they run one after another and leave it zeroed)
+    return p
+
+
+def _plan_scratch(plan: MemoryPlan, sources: list[KernelSource]) -> None:
+    """The split-k scratch ("ws" partial sums, "cnt" tile counters), sized for the largest
+    need of any config of any kernel, since tuning may pick any of them. One pair serves every
+    kernel: they run one after another and each leaves it zeroed."""
     need = [workspace_elements(src, c) for src in sources for c in src.configs]
-    scratch = {"ws": Buffer(-2, Shape.of(DType.float32, [max([1] + [n for n, _ in need])]), "scratch"),
-               "cnt": Buffer(-3, Shape.of(DType.int32, [max([1] + [t for _, t in need])]), "scratch")}
-    plan.buffers += list(scratch.values())
+    plan.add_scratch("ws", Shape.of(DType.float32, [max([1] + [n for n, _ in need])]))
+    plan.add_scratch("cnt", Shape.of(DType.int32, [max([1] + [t for _, t in need])]))
+
+
+def _kernels(fused: list[Instruction], sources: list[KernelSource], plan: MemoryPlan, interpret: bool,
+             progress: Callable[[str, int, int], None] | None) -> list[Kernel]:
+    """One loaded kernel per fused instruction, its arguments resolved to buffers of the plan:
+    "out" is the instruction's own buffer, a planned scratch buffer's name that buffer, "x<n>"
+    the buffer of the instruction's n-th input (codegen.kernel_inputs names them so)."""
     kernels: list[Kernel] = []
     for pos, (ins, src) in enumerate(zip(fused, sources)):
-        buffers = [plan.of[id(x)] for x in ins.inputs]
-        arg_buffers = [plan.of[id(ins)] if a == "out" else scratch[a] if a in scratch else buffers[int(a[1:])]
-                       for a in src.args]
         if stored_buffer_input(ins) is None and "out" not in src.args:
             raise AssertionError(f"{src.name} writes no output buffer")
+        args = [_arg_buffer(a, ins, plan) for a in src.args]
         config = _interpreter_config(src) if interpret else src.configs[0]
-        kernels.append(Kernel(ins, src, load_kernel(src), config, arg_buffers))
+        kernels.append(Kernel(ins, src, load_kernel(src), config, args))
         if progress:
             progress("generating kernels", pos + 1, len(fused))
-    options = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32}
-    compiled = CompiledProgram(p, kernels, plan, device, 0.0, options)
-    if not interpret and tune:
-        _tune(compiled, exhaustive_tune, progress)
-    compiled.compile_seconds = time.monotonic() - start
-    compiled.startup_seconds = startup
-    return compiled
+    return kernels
+
+
+def _arg_buffer(arg: str, ins: Instruction, plan: MemoryPlan) -> Buffer:
+    if arg == "out":
+        return plan.of[id(ins)]
+    if arg in plan.scratch:
+        return plan.scratch[arg]
+    if arg.startswith("x") and arg[1:].isdigit():
+        return plan.of[id(ins.inputs[int(arg[1:])])]
+    raise CodegenError(f"{ins.name}: kernel argument {arg!r} names no buffer (out, x<n> or a planned scratch buffer)")
 
 
 def _interpreter_config(src: KernelSource) -> Config:

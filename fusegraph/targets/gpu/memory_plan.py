@@ -5,12 +5,15 @@ Values of the main module live in buffers: a fused instruction writes a fresh bu
 read through other strides. A buffer lives from the instruction that makes it to the last
 reader of any value in it. Buffers whose lifetimes do not overlap share arena bytes; the
 offsets come from a greedy first-fit by decreasing size, and the plan reports the arena's
-size next to the lower bound (the most bytes live at any one instruction).
+size next to the lower bound (the most bytes live at any one instruction). Scratch buffers
+(split-k partial sums and tile counters) are added by the compiler once it knows the kernels'
+configs; they live for the whole run, outside the arena.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape, standard_strides
@@ -27,13 +30,23 @@ def aliases_input(ins: Instruction) -> bool:
     return ins.op.kind == OpKind.VIEW and ins.op.aliases_input
 
 
+class BufferKind(StrEnum):
+    """Where a buffer's storage comes from (a StrEnum, so each kind equals its lower-case name)."""
+
+    PARAM = "param"  # a program input, supplied at each run
+    LITERAL = "literal"  # a weight, uploaded once
+    ARENA = "arena"  # an intermediate, at an offset in the shared arena
+    OUTPUT = "output"  # a returned value, in storage of its own
+    SCRATCH = "scratch"  # kernel workspace named in kernel arguments, zeroed once, left zeroed by every kernel
+
+
 @dataclass
 class Buffer:
-    """Storage for one or more values; `kind` is param, literal, output or arena."""
+    """Storage for one or more values."""
 
     id: int
     shape: Shape  # its standard shape (dtype, lens)
-    kind: str
+    kind: BufferKind
     name: str = ""
     start: int = 0
     end: int = 0
@@ -52,12 +65,22 @@ class MemoryPlan:
     arena_bytes: int = 0
     lower_bound: int = 0
     output_bytes: int = 0
+    scratch: dict[str, Buffer] = field(default_factory=dict)  # kernel argument name -> its scratch buffer
+
+    def add_scratch(self, name: str, shape: Shape) -> Buffer:
+        """A scratch buffer that kernels name `name` in their arguments, with an id of its own."""
+        if name in self.scratch:
+            raise CodegenError(f"scratch buffer {name!r} is already planned")
+        b = Buffer(max((x.id for x in self.buffers), default=-1) + 1, shape, BufferKind.SCRATCH, name)
+        self.buffers.append(b)
+        self.scratch[name] = b
+        return b
 
     def describe(self) -> str:
         mib = 1 << 20
         return (f"arena {self.arena_bytes / mib:.2f} MiB (liveness lower bound {self.lower_bound / mib:.2f} MiB), "
                 f"outputs {self.output_bytes / mib:.2f} MiB, "
-                f"{sum(1 for b in self.buffers if b.kind == 'arena')} intermediate buffers")
+                f"{sum(1 for b in self.buffers if b.kind == BufferKind.ARENA)} intermediate buffers")
 
 
 def stored_buffer_input(fused: Instruction) -> int | None:
@@ -77,23 +100,23 @@ def plan_memory(main: Module) -> MemoryPlan:
     of: dict[int, Buffer] = {}
     outputs = {id(r) for r in main.returns}
 
-    def new(ins: Instruction, kind: str, pos: int, name: str = "") -> Buffer:
+    def new(ins: Instruction, kind: BufferKind, pos: int, name: str = "") -> Buffer:
         b = Buffer(len(buffers), ins.shape.as_standard(), kind, name, start=pos, end=pos)
         buffers.append(b)
         return b
 
     for pos, ins in enumerate(main.instructions):
         if is_param(ins):
-            of[id(ins)] = new(ins, "param", pos, ins.op.attrs["name"])
+            of[id(ins)] = new(ins, BufferKind.PARAM, pos, ins.op.attrs["name"])
         elif is_literal(ins):
-            of[id(ins)] = new(ins, "literal", pos)
+            of[id(ins)] = new(ins, BufferKind.LITERAL, pos)
         elif is_allocate(ins):
-            of[id(ins)] = new(ins, "arena", pos)
+            of[id(ins)] = new(ins, BufferKind.ARENA, pos)
         elif aliases_input(ins):
             of[id(ins)] = of[id(ins.inputs[0])]
         elif is_fused(ins):
             k = stored_buffer_input(ins)
-            of[id(ins)] = new(ins, "arena", pos) if k is None else of[id(ins.inputs[k])]
+            of[id(ins)] = new(ins, BufferKind.ARENA, pos) if k is None else of[id(ins.inputs[k])]
         else:
             raise CodegenError(f"instruction {ins.name} ({ins.op.name}) was left unfused; "
                                "the GPU target runs fused kernels only")
@@ -105,12 +128,12 @@ def plan_memory(main: Module) -> MemoryPlan:
     end = len(main.instructions)
     for r in main.returns:
         b = of[id(r)]
-        if b.kind == "arena":
-            b.kind = "output"
+        if b.kind == BufferKind.ARENA:
+            b.kind = BufferKind.OUTPUT
         b.end = end
     plan = MemoryPlan(buffers, of)
-    _place(plan, [b for b in buffers if b.kind == "arena"])
-    plan.output_bytes = sum(b.nbytes for b in buffers if b.kind == "output")
+    _place(plan, [b for b in buffers if b.kind == BufferKind.ARENA])
+    plan.output_bytes = sum(b.nbytes for b in buffers if b.kind == BufferKind.OUTPUT)
     return plan
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_fused, is_literal, is_load
 from fusegraph.targets.gpu.anchor import find_anchor
-from fusegraph.targets.gpu.memory_plan import MemoryPlan
+from fusegraph.targets.gpu.memory_plan import BufferKind, MemoryPlan
 
 TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
 
@@ -31,7 +31,7 @@ def choose_weight_layouts(main: Module, plan: MemoryPlan) -> None:
     for ins in main:
         for k, x in enumerate(ins.inputs):
             b = plan.of.get(id(x))
-            if b is None or b.kind != "literal" or not is_literal(x):
+            if b is None or b.kind != BufferKind.LITERAL or not is_literal(x):
                 continue
             ok = False
             if is_fused(ins):
