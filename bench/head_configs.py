@@ -32,6 +32,7 @@ import fusegraph
 from bench.common import check, exact_fp32
 from bench.head import LEVELS, Level, eager_head, head_model, make_weights
 from bench.timing import Table, kernel_time
+from fusegraph.targets.gpu.bound_program import BoundProgram
 from fusegraph.targets.gpu.compiled_program import torch_dtype
 from fusegraph.targets.gpu.kernel_loader import load_kernel
 from fusegraph.targets.gpu.parallel_compile import compile_all
@@ -60,9 +61,8 @@ class Head:
     """One head level compiled by fusegraph, its one kernel bound to device buffers."""
 
     level: Level
-    compiled: Any
+    bound: BoundProgram
     kernel: Any
-    args: list[Any]
     ref: torch.Tensor
 
 
@@ -74,9 +74,7 @@ def compile_head(level: Level) -> Head:
     with exact_fp32():
         ref = eager_head(x.float(), torch.from_numpy(w_np).cuda().half().float(),
                          torch.from_numpy(b_np).cuda().half().float())
-    tensors, _ = compiled._inputs({"x": x})
-    compiled._bound_inputs = tensors
-    return Head(level, compiled, kernel, compiled._args(kernel, tensors), ref)
+    return Head(level, compiled.bind({"x": x}, capture=False), kernel, ref)
 
 
 def time_launch(launch: Callable[[], None], iters: int) -> tuple[float, float]:
@@ -87,13 +85,13 @@ def time_launch(launch: Callable[[], None], iters: int) -> tuple[float, float]:
 
 
 def sweep(head: Head, iters: int, tolerance: float) -> Table:
-    kernel, args = head.kernel, head.args
+    kernel = head.kernel
     configs = grid_configs(head.level.cin, "PIECES" in kernel.src.configs[0])
     compile_all([(kernel.src, [torch_dtype(b.shape.dtype) for b in kernel.args], c) for c in configs])
     rows = []
     for c in configs:
         def launch() -> None:
-            kernel.launch(args, c)
+            head.bound.launch(kernel, c)
 
         try:
             launch()
@@ -101,7 +99,7 @@ def sweep(head: Head, iters: int, tolerance: float) -> Table:
         except Exception as e:  # noqa: BLE001 - a config Triton rejects is a row, not a crash
             rows.append((float("inf"), c, f"failed: {type(e).__name__}: {e}"[:160].replace("\n", " ")))
             continue
-        ok = check(head.compiled.outputs()["y"], head.ref, tolerance)
+        ok = check(head.bound.outputs()["y"], head.ref, tolerance)
         cold, hot = time_launch(launch, iters)
         rows.append((cold, c, f"{hot:.2f}" + ("" if ok.ok else f" WRONG {ok.err:.1e}")))
     rows.sort(key=lambda r: r[0])
@@ -174,7 +172,7 @@ def ablate(head: Head, config: dict[str, int], iters: int) -> Table:
                   ["variant", "leaves out", "GPU us cold", "GPU us hot"])
     for name, (what, _) in VARIANTS.items():
         try:
-            launch, _ = variant(head.kernel, head.args, config, name)
+            launch, _ = variant(head.kernel, head.bound.args(head.kernel), config, name)
             launch()
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a variant that does not apply is a row, not a crash

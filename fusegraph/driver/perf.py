@@ -71,7 +71,7 @@ def chrome_trace(compiled: Any) -> str:
     first.record()
     for k, s, e in zip(compiled.kernels, starts, ends):
         s.record()
-        k.launch(compiled._args(k, compiled._bound_inputs))
+        compiled.bound.launch(k)
         e.record()
     torch.cuda.synchronize()
     for k, s, e in zip(compiled.kernels, starts, ends):

@@ -35,20 +35,20 @@ def head(request):
     compiled = fusegraph.parse_onnx(head_model(LEVEL, w, b)).compile(target="gpu", fp16=True)
     (kernel,) = compiled.kernels
     x = torch.from_numpy(np.random.default_rng().standard_normal((1, 32, 4, 4))).half()
-    tensors, _ = compiled._inputs({"x": x})
+    bound = compiled.bind({"x": x})
     w16 = torch.from_numpy(w).half().double().numpy().reshape(NA * NO, 32)
     b16 = torch.from_numpy(b).half().double().numpy()
     conv = np.einsum("oc,chw->ohw", w16, x.double().numpy()[0]) + b16[:, None, None]
     want = _sigmoid(conv.reshape(NA, NO, 4, 4).transpose(0, 2, 3, 1))  # [3, 4, 4, 85]
     assert "PIECES" in kernel.config  # 85 of 128 columns: the head's kernel can run in two pieces
     kernel.config = {**kernel.config, "PIECES": request.param}
-    return compiled, kernel, compiled._args(kernel, tensors), want, _sigmoid(b16).reshape(NA, NO)
+    return bound, kernel, bound.args(kernel), want, _sigmoid(b16).reshape(NA, NO)
 
 
 def _run(head, name: str) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
-    compiled, kernel, args, _, _ = head
+    bound, kernel, args, _, _ = head
     launch, scratch = variant(kernel, args, kernel.config, name)
-    out = compiled.outputs()["y"]
+    out = bound.outputs()["y"]
     out.fill_(float("nan"))
     launch()
     return out.double().numpy()[0], scratch.double().numpy(), kernel.config

@@ -302,7 +302,7 @@ def test_split_k_sums_partials_and_leaves_the_workspace_zeroed():
         compiled.poison()
         got = compiled.run({"x": x})["y"]
         assert rel_err(got, program.run({"x": x})["y"]) < TOL
-    ws, cnt = (compiled._tensors[b.id] for b in compiled.plan.buffers if b.kind == "scratch")
+    ws, cnt = (compiled.bound.tensor(compiled.plan.scratch[name]) for name in ("ws", "cnt"))
     assert not ws.any() and not cnt.any()
 
 

@@ -4,7 +4,8 @@ Weights are uploaded once; every intermediate lives in one arena planned from li
 outputs have buffers of their own. On a GPU the whole program is captured once into a CUDA
 graph per set of input addresses and replayed, so a run costs one graph launch however many
 kernels it holds. Without a GPU the same kernels run under Triton's interpreter (on the CPU),
-which is how CI tests them.
+which is how CI tests them. `bind` gives the BoundProgram (bound_program.py) through which
+everything else launches kernels.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import numpy as np
 from fusegraph.errors import InputError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Program
+from fusegraph.targets.gpu.bound_program import BoundProgram
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
-from fusegraph.targets.gpu.memory_plan import Buffer, MemoryPlan, plan_memory
+from fusegraph.targets.gpu.memory_plan import Buffer, BufferKind, MemoryPlan
 
 
 def use_interpreter_without_gpu() -> bool:
@@ -86,7 +88,8 @@ class Kernel:
 
 
 class CompiledProgram:
-    """Run with `run(inputs)`; `replay()` re-runs the last bound inputs (for timing)."""
+    """Run with `run(inputs)`; `replay()` re-runs the last bound inputs (for timing); `bound`
+    is the BoundProgram of the last `bind` (or run), None before the first."""
 
     def __init__(self, program: Program, kernels: list[Kernel], plan: MemoryPlan, device: str,
                  compile_seconds: float, options: dict[str, Any]) -> None:
@@ -102,6 +105,7 @@ class CompiledProgram:
         self.interpreted = device == "cpu"
         main = program.main
         self._params = {k: v for k, v in main.params.items()}
+        self._returns = dict(zip(main.return_names, main.returns))
         self._tensors: dict[int, Any] = {}  # buffer id -> its flat tensor
         self._staged: dict[str, Any] = {}  # device copies of host (NumPy) inputs, at fixed addresses
         arena = torch.empty(max(plan.arena_bytes, 1), dtype=torch.uint8, device=device)
@@ -112,18 +116,19 @@ class CompiledProgram:
                 continue
             dt = torch_dtype(b.shape.dtype)
             n = max(1, b.shape.elements)
-            if b.kind == "literal":
+            if b.kind == BufferKind.LITERAL:
                 value = np.ascontiguousarray(ins.op.value if b.perm is None else np.transpose(ins.op.value, b.perm))
                 self._tensors[b.id] = host_to_torch(value.reshape(-1).copy()).to(device)
-            elif b.kind == "arena":
+            elif b.kind == BufferKind.ARENA:
                 self._tensors[b.id] = arena[b.offset:b.offset + n * b.shape.dtype.itemsize].view(dt)
-            elif b.kind == "output":
+            elif b.kind == BufferKind.OUTPUT:
                 self._tensors[b.id] = torch.empty(n, dtype=dt, device=device)
         for b in plan.buffers:
-            if b.kind == "scratch":
+            if b.kind == BufferKind.SCRATCH:
                 self._tensors[b.id] = torch.zeros(max(1, b.shape.elements), dtype=torch_dtype(b.shape.dtype), device=device)
-        self._graphs: dict[tuple, Any] = {}
-        self._bound: tuple | None = None
+        self._graphs: dict[tuple, tuple[Any, BoundProgram]] = {}  # input addresses -> CUDA graph
+        self._graph_key: tuple | None = None  # the graph `replay` runs
+        self.bound: BoundProgram | None = None
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -145,12 +150,12 @@ class CompiledProgram:
 
         self._arena.fill_(0xFF)  # NaN in every float format, -1 in integers
         for b in self.plan.buffers:
-            if b.kind == "output":
+            if b.kind == BufferKind.OUTPUT:
                 t = self._tensors[b.id]
                 t.fill_(float("nan") if t.is_floating_point() else (True if t.dtype == torch.bool else torch.iinfo(t.dtype).min))
 
     # -- running -----------------------------------------------------------------------
-    def _inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    def _device_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         import torch
 
         unknown = sorted(set(inputs) - set(self._params))
@@ -196,65 +201,62 @@ class CompiledProgram:
             self._staged[name] = torch.empty(max(1, p.shape.elements), dtype=dtype, device=self.device)
         return self._staged[name]
 
-    def _args(self, kernel: Kernel, inputs: Mapping[str, Any]) -> list[Any]:
-        return [inputs[b.name] if b.kind == "param" else self._tensors[b.id] for b in kernel.args]
+    def bind(self, inputs: Mapping[str, Any], *, capture: bool = True) -> BoundProgram:
+        """Bind inputs without running: host arrays are copied to the device, device tensors
+        used in place. On a GPU `capture` also captures the CUDA graph `replay()` runs (once per
+        set of input addresses); the tuner, which launches kernels under other configs, binds
+        without."""
+        return self._bind(self._device_inputs(inputs)[0], capture)
 
-    def _launch_all(self, inputs: Mapping[str, Any]) -> None:
-        for k in self.kernels:
-            k.launch(self._args(k, inputs))
-
-    def bind(self, inputs: Mapping[str, Any]) -> None:
-        """Bind inputs (and capture a graph for their addresses on a GPU) without running."""
-        self._bind(self._inputs(inputs)[0])
-
-    def _bind(self, tensors: dict[str, Any]) -> None:
+    def _bind(self, tensors: dict[str, Any], capture: bool) -> BoundProgram:
         import torch
 
-        self._bound_inputs = tensors
-        if self.interpreted:
-            return
+        bound = BoundProgram(self.kernels, self.plan, self._returns, self._tensors, tensors)
+        self.bound = bound
+        self._graph_key = None
+        if self.interpreted or not capture:
+            return bound
         key = tuple(t.data_ptr() for t in tensors.values())
         if key not in self._graphs:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                self._launch_all(tensors)  # compiles and warms up outside the capture
+                bound.launch_all()  # compiles and warms up outside the capture
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self._launch_all(tensors)
+                bound.launch_all()
             if len(self._graphs) >= 4:
                 self._graphs.pop(next(iter(self._graphs)))
-            self._graphs[key] = (graph, tensors)
-        self._bound = key
+            self._graphs[key] = (graph, bound)
+        self._graph_key = key
+        return bound
+
+    def _last_bound(self) -> BoundProgram:
+        if self.bound is None:
+            raise RuntimeError("bind inputs first")
+        return self.bound
 
     def replay(self) -> None:
         """Run the program on the last bound inputs (one graph launch on a GPU)."""
+        bound = self._last_bound()
         if self.interpreted:
-            self._launch_all(self._bound_inputs)
+            bound.launch_all()
             return
-        if self._bound is None:
-            raise RuntimeError("bind inputs first")
-        self._graphs[self._bound][0].replay()
+        if self._graph_key is None:
+            raise RuntimeError("bind inputs first (with capture: the last bind captured no graph)")
+        self._graphs[self._graph_key][0].replay()
 
     def outputs(self) -> dict[str, Any]:
-        """The output tensors (views of buffers the next run overwrites)."""
-        import torch
-
-        main = self.program.main
-        out = {}
-        for name, r in zip(main.return_names, main.returns):
-            b = self.plan.of[id(r)]
-            base = self._tensors[b.id] if b.kind != "param" else self._bound_inputs[b.name]
-            out[name] = torch.as_strided(base, r.shape.lens, r.shape.strides, r.shape.offset)
-        return out
+        """The output tensors of the last bound inputs (views of buffers the next run overwrites)."""
+        return self._last_bound().outputs()
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Run once. NumPy inputs give NumPy outputs (copies); torch tensors (or any DLPack
         array) on the device are read in place and give device tensors that stay valid until
         the next run (`torch.utils.dlpack` hands them to other frameworks without a copy)."""
-        tensors, host = self._inputs(inputs)  # host inputs are copied to the device once, here
-        self._bind(tensors)
+        tensors, host = self._device_inputs(inputs)  # host inputs are copied to the device once, here
+        self._bind(tensors, capture=True)
         self.replay()
         outs = self.outputs()
         if host:
@@ -269,14 +271,14 @@ class CompiledProgram:
 
         if self.interpreted:
             raise RuntimeError("kernel timing needs a GPU")
+        bound = self._last_bound()
         out = []
-        for k in self.kernels:
-            args = self._args(k, self._bound_inputs)
-            k.launch(args)
+        for i in range(len(self.kernels)):
+            bound.launch(i)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(repeats):
-                    k.launch(args)
+                    bound.launch(i)
             out.append(float(np.median(_event_times(graph.replay, iterations))) / repeats)
         return out
 

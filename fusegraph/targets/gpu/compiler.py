@@ -132,8 +132,7 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
         dt = torch_dtype(shape.dtype)
         t = torch.rand(shape.lens, device="cuda") if shape.dtype.is_float else torch.zeros(shape.lens, device="cuda")
         inputs[name] = t.to(dt)
-    tensors, _ = compiled._inputs(inputs)
-    compiled._bound_inputs = tensors
+    bound = compiled.bind(inputs, capture=False)  # a graph captured now would keep the untuned configs
     plans = []
     jobs = []
     for k in compiled.kernels:
@@ -151,8 +150,7 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
         if len(candidates) == 1:
             k.config = candidates[0]
         else:
-            args = compiled._args(k, tensors)
-            k.config, times = best_config(candidates, lambda c: k.launch(args, c))
+            k.config, times = best_config(candidates, lambda c: bound.launch(k, c))
             report.append({"kernel": k.src.name, "flops": k.src.flops,
                            "grid": k.src.grid_dims, "configs": candidates, "ms": times})
         cache.put(k.src.digest, k.config)
