@@ -6,7 +6,7 @@ import copy
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Program
