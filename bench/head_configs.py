@@ -1,5 +1,5 @@
 """Every tile config of the fused detection-head kernel, timed on the GPU: the search behind
-the head's candidate list in `templates/gemm.py`.
+the head's candidate list in `templates/gemm_configs.py`.
 
 Compiles each head level with fusegraph, then launches its one kernel under each config of a
 grid (BM, BK, warps, stages; BN is the anchor's 128-wide tile), checks the output against the
@@ -36,12 +36,12 @@ from fusegraph.targets.gpu.bound_program import BoundProgram
 from fusegraph.targets.gpu.compiled_program import torch_dtype
 from fusegraph.targets.gpu.kernel_loader import load_kernel
 from fusegraph.targets.gpu.parallel_compile import compile_all
-from fusegraph.targets.gpu.templates.gemm import PIPELINE_BYTES, pipeline_bytes
+from fusegraph.targets.gpu.templates.gemm_configs import pipeline_budget, pipeline_bytes
 
 
 def grid_configs(cin: int, pieces: bool) -> list[dict[str, int]]:
     """BM x BK x warps x stages, BN the 128-wide period tile, no split; with `pieces` each also
-    with the tile's columns computed as two narrower products (PIECES, `templates/gemm.py`).
+    with the tile's columns computed as two narrower products (PIECES, `templates/gemm_emit.py`).
     Stages 1 comes last: under Triton 3.6 some of its configs in pieces make an illegal memory
     access on the H200, after which the CUDA context is unusable."""
     plain = list(itertools.product((32, 64, 128), (32, 64, 128), (4, 8)))
@@ -51,7 +51,7 @@ def grid_configs(cin: int, pieces: bool) -> list[dict[str, int]]:
         c = {"BM": bm, "BN": 128, "BK": bk, "SPLIT": 1, "num_warps": warps, "num_stages": stages}
         if piece is not None:
             c["PIECES"] = piece
-        if cin % bk == 0 and pipeline_bytes(c, 2) <= PIPELINE_BYTES:
+        if cin % bk == 0 and pipeline_bytes(c, 2) <= pipeline_budget():
             out.append(c)
     return out
 

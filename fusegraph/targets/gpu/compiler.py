@@ -18,7 +18,7 @@ from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
 from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, Config, KernelSource
 from fusegraph.ir.shape import Shape
 from fusegraph.targets.gpu.memory_plan import Buffer, MemoryPlan, stored_buffer_input
-from fusegraph.targets.gpu.templates.gemm import workspace_elements
+from fusegraph.targets.gpu.templates.gemm_emit import workspace_elements
 from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.returned_views import copy_returned_views
 

@@ -2,7 +2,7 @@
 
 A template registers the op families it lowers (`op.family`: gemm, window, movement,
 reduction). The flat template lowers the window and movement families with one small emitter
-per op class, each registered next to its code. The product template is registered here.
+per op class, each registered next to its code.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from fusegraph.ops.base import Op
 from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import Index, KernelInputs, KernelWriter, Tile
-from fusegraph.targets.gpu.templates.gemm import gemm_kernel
 
 # (function name, kernel name, sub-module, inputs, anchor, allow_tf32, interpret) -> the kernel
 Template = Callable[[str, str, Module, KernelInputs, Instruction, bool, bool], KernelSource]
@@ -64,5 +63,3 @@ def emitter_for(op: Op) -> Emitter:
     except KeyError:
         raise CodegenError(f"the GPU target has no {op.family} emitter for op {op.name}") from None
 
-
-lowers("gemm")(gemm_kernel)

@@ -1,0 +1,215 @@
+"""The Triton text of a GEMM kernel: the k loop over operand tiles, split-k, the epilogue.
+
+Both operands are read through their prologues at the spec's indices (`gemm_spec.py`); the
+epilogue runs on the accumulator tile at the output index and stores through the group's maps:
+into a transposed layout, a slice of a concat, or the detection head's [1, 25200, 85] rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.index_expr import Var, free_vars
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_load, is_store
+from fusegraph.targets.gpu.kernel_source import KernelSource
+from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
+from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
+
+
+@dataclass
+class Columns:
+    """One accumulator of a product: its name, its column variable, width (code) and bound."""
+
+    acc: str
+    rn: str
+    width: str
+    bound: str | None
+
+
+def stored_width(module: Module, out_index: Index, tile: int) -> int:
+    """How many of a period tile's first columns the epilogue stores: the detection head's
+    anchors are padded to 128 channels (`pad_channel_groups`) of which its stores keep 85."""
+    (ins,) = module.returns
+    widths = []
+    while is_store(ins):  # a chain of stores: the pieces of a concat
+        width = tile
+        for x, _, hi in KernelWriter.domain_ranges(ins, out_index):
+            if isinstance(x, Var) and x.name == "rn":
+                width = min(width, hi)
+        widths.append(width)
+        ins = ins.inputs[0]
+    return max(widths, default=tile)
+
+
+def column_pieces(width: int, tile: int) -> list[tuple[int, int]]:
+    """(start, width) of two power-of-two column blocks covering the `width` stored columns of a
+    tile that leaves much of its width unused: 85 of 128 columns as 64 + 32. The epilogue then
+    runs on 96 columns instead of 128; its sigmoid alone, two special-function operations per
+    element, took 0.9 of the 5.8 us of the 80x80 detection head on an H200
+    (`bench/results/head-ablate.md`). [] when one block fits or two do not cover the width
+    (16-column granularity, the narrowest dot)."""
+    cover = -(-width // 16) * 16
+    big = 1 << (cover.bit_length() - 1)
+    rest = cover - big
+    if cover > tile or rest == 0 or rest & (rest - 1):
+        return []
+    return [(0, big), (big, rest)]
+
+
+class GemmEmitter:
+    """Writes one product kernel's body into a KernelWriter (`lines`)."""
+
+    def __init__(self, module: Module, inputs: KernelInputs, anchor: Instruction, spec: GemmSpec, kernel: str,
+                 allow_tf32: bool, interpret: bool) -> None:
+        dtype = anchor.inputs[0].shape.dtype
+        if not dtype.is_float:
+            raise CodegenError(f"{anchor.op.name} on {dtype} has no GPU template (floating point only)")
+        self.module, self.anchor, self.spec, self.kernel, self.dtype = module, anchor, spec, kernel, dtype
+        self.acc_of: dict[int, str] = {}  # epilogue tile -> the accumulator it reads
+        self.w = KernelWriter(module, inputs, {id(anchor): self._acc_value})
+        self.a_in, self.b_in = anchor.inputs
+        self.w.raw_loads = {id(x) for x in anchor.inputs if is_load(x)}
+        self.a_masked = is_load(self.a_in) and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+        self.m_bound = f"(rm[:, None] < {spec.m})"
+        self.acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
+        self.operand = TRITON_TYPES[dtype]
+        if interpret and dtype == DType.bfloat16:
+            self.operand = "tl.float32"  # the interpreter's bf16 dot is wrong
+        self.precision = "" if dtype != DType.float32 else (
+            ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
+
+    @property
+    def lines(self) -> list[str]:
+        return self.w.lines
+
+    def arg_list(self) -> list[str]:
+        return self.w.arg_list()
+
+    def _acc_value(self, tile: Tile, index: Index) -> str:
+        if index != self.spec.out_index:
+            raise CodegenError(f"the epilogue of {self.kernel} reads the {self.anchor.op.name} at another index")
+        return self.acc_of[id(tile)]
+
+    def body(self, period: int, tile: int) -> bool:
+        """The whole kernel body; with a channel period the N tile is one period of width `tile`.
+        Returns whether the kernel has the PIECES choice (the period's columns as two narrower
+        products, one constexpr branch each)."""
+        w, spec = self.w, self.spec
+        w.emit("pid_m = tl.program_id(0)")
+        w.emit("pid_n = tl.program_id(1)")
+        w.emit("gz = tl.program_id(2) // SPLIT")
+        w.emit("pid_k = tl.program_id(2) % SPLIT")
+        w.emit("rm = pid_m * BM + tl.arange(0, BM)")
+        w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
+        # a period of a power of two fills its tile exactly: no bound, so Triton sees whole rows
+        n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
+        whole = [Columns("acc", "rn", "BN", n_bound)]
+        pieces = []
+        if period and self.dtype != DType.float64:
+            pieces = column_pieces(stored_width(self.module, spec.out_index, tile), tile)
+        if not pieces:
+            self.product(whole, split=True)
+            return False
+        with w.block("if PIECES:"):
+            blocks = []
+            for j, (start, size) in enumerate(pieces):
+                w.emit(f"rn{j} = {start} + tl.arange(0, {size})" if start else f"rn{j} = tl.arange(0, {size})")
+                bound = f"(rn{j}[None, :] < {period})" if start + size > period < tile else None
+                blocks.append(Columns(f"acc{j}", f"rn{j}", str(size), bound))
+            self.product(blocks, split=False)
+        with w.block("else:"):
+            self.product(whole, split=True)
+        return True
+
+    def product(self, blocks: list[Columns], split: bool) -> None:
+        """The k loop and epilogue for `blocks`; a kernel may hold two of them, each in its own
+        constexpr branch, over the same tile."""
+        w, spec = self.w, self.spec
+        for b in blocks:
+            w.emit(f"{b.acc} = tl.zeros([BM, {b.width}], dtype={self.acc_t})")
+        with w.block(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):"):
+            k_bounds = self._k_chunk()
+            a_tile = self._a_tile(k_bounds[0])
+            for b in blocks:
+                b_tile = self._b_tile(b, k_bounds[1])
+                if self.dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
+                    w.emit(f"{b.acc} += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
+                else:
+                    w.emit(f"{b.acc} = tl.dot({a_tile}, {b_tile}, {b.acc}{self.precision})")
+        if split:
+            split_k_fixup(w)
+        else:
+            w.emit("last = tl.full([1, 1], 1, tl.int1)")
+        self._epilogue(blocks)
+
+    def _k_chunk(self) -> tuple[str | None, str | None]:
+        """Emit the chunk's `rk` (and `tap`); returns the k bounds of the A and the B tile."""
+        w, spec = self.w, self.spec
+        if not spec.taps:
+            w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
+            return f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})"
+        channels = spec.k // spec.taps  # chunks never straddle taps: BK divides the channels
+        w.emit(f"tap = k0 // {channels}")
+        # the chunk's start is a multiple of BK: said outright, since Triton 3.6 loses that through
+        # `%` and then loads the A tile element by element instead of in 16-byte copies
+        w.emit(f"rk = tl.multiple_of(k0 % {channels}, BK) + tl.arange(0, BK)")
+        return None, None
+
+    def _a_tile(self, k_bound: str | None) -> str:
+        w, spec = self.w, self.spec
+        ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": self.m_bound, "rk": k_bound})
+        conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
+        av = w.value(self.a_in, ta, spec.a_index, tuple(conds))
+        if conds and not is_load(self.a_in):  # a computed prologue is zero in the padding too
+            av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
+        if not spec.taps and not self.a_masked:  # lanes past k must add nothing, also where A's index ignores k
+            av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
+        # an operand whose index ignores a tile dim (a size-1 dim) is broadcast to the full tile
+        return f"tl.broadcast_to({av}, [BM, BK]).to({self.operand})"
+
+    def _b_tile(self, b: Columns, k_bound: str | None) -> str:
+        tb = Tile({"rk": "rk[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
+                  {"rk": k_bound, "rn": b.bound})
+        return f"tl.broadcast_to({self.w.value(self.b_in, tb, self.spec.b_index)}, [BK, {b.width}]).to({self.operand})"
+
+    def _epilogue(self, blocks: list[Columns]) -> None:
+        (ret,) = self.module.returns
+        for b in blocks:
+            te = Tile({"rm": "rm[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "nq": "pid_n"},
+                      {"rm": self.m_bound, "rn": b.bound})
+            self.acc_of[id(te)] = b.acc
+            self.w.store(ret, te, self.spec.out_index, ("last",))
+
+
+def split_k_fixup(w: KernelWriter) -> None:
+    """With SPLIT > 1 programs share a tile's k range: each adds its partial sum into a float32
+    workspace, and the last to arrive (a counter per tile) takes the sum, resets the workspace
+    and counter to zero for the next run, and alone runs the epilogue. One kernel still, and
+    small batch-1 layers get enough programs to fill the GPU."""
+    # `last` is a [1, 1] tile: a scalar condition in a mask trips Triton's interpreter, and
+    # a full one would cost an operation per element in every mask it joins
+    w.emit("last = tl.full([1, 1], 1, tl.int1) & (pid_k == 0)")
+    with w.block("if SPLIT > 1:"):
+        w.emit("tile = (gz * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m")
+        w.emit("wp = ws + tile * (BM * BN) + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]")
+        w.emit('tl.atomic_add(wp, acc, sem="relaxed")')
+        w.emit('seen = tl.atomic_add(cnt + tile, 1, sem="acq_rel")')
+        w.emit("is_last = seen == SPLIT - 1")
+        w.emit("last = tl.full([1, 1], 1, tl.int1) & is_last")
+        # read the sum through the atomic unit (an add of zero), then clear it for the next run
+        w.emit('acc = tl.atomic_add(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last, sem="relaxed")')
+        w.emit("tl.store(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last)")
+        w.emit("tl.atomic_xchg(cnt + tile, 0, mask=is_last)")
+
+
+def workspace_elements(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
+    """Float32 workspace elements and tile counters a GEMM kernel needs under `config`: one
+    BM x BN float32 tile and one counter per output tile (`split_k_fixup`)."""
+    if src.template != "gemm" or config.get("SPLIT", 1) == 1:
+        return 0, 0
+    tiles = 1
+    for extent, block, _ in src.grid_dims:
+        tiles *= -(-extent // config[block]) if block else extent
+    return tiles * config["BM"] * config["BN"], tiles
