@@ -16,7 +16,7 @@ from onnx import helper
 
 from fusegraph import parse_onnx
 from fusegraph.targets.gpu.memory_plan import BufferKind
-from fusegraph.targets.gpu.templates.gemm import workspace_elements
+from fusegraph.targets.gpu.templates.gemm_emit import workspace_elements
 from tests.helpers import make_model, rand, rel_err
 
 torch = pytest.importorskip("torch")
