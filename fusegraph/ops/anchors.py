@@ -1,4 +1,4 @@
-"""Anchor operators: convolution, dot and pooling.
+"""Anchor operators: convolution, transposed convolution, dot and pooling.
 
 Anchors carry most of the work of a network and host fused epilogues. Their references
 accumulate in float32 (float64 for float64 inputs), as the GPU kernels do, and cast back to
@@ -100,6 +100,103 @@ class Convolution(Op):
             wg = w[gi * mg:(gi + 1) * mg].astype(acc).reshape(mg, -1)
             res[:, gi * mg:(gi + 1) * mg] = (cols @ wg.T).reshape(n, math.prod(out), mg).transpose(0, 2, 1)
         return res.reshape(n, w.shape[0], *out).astype(x.dtype)
+
+
+def transpose_pads(in_lens: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+                   output_padding: Sequence[int], output_shape: Sequence[int], auto_pad: str) -> list[int]:
+    """Begin-then-end padding of a transposed convolution whose output is `output_shape` (the
+    ONNX rule): the total padding is what the full output has beyond it, SAME_UPPER puts the
+    smaller half first, the others the larger. An output longer than the full one (a negative
+    total) gets its extra zero rows at the end, as ONNX Runtime adds them."""
+    begins, ends = [], []
+    for n, k, s, d, extra, o in zip(in_lens, kernel, strides, dilations, output_padding, output_shape):
+        total = s * (n - 1) + extra + (k - 1) * d + 1 - o
+        small, big = total // 2, total - total // 2
+        begin = 0 if total < 0 else small if auto_pad == "SAME_UPPER" else big
+        begins.append(begin)
+        ends.append(total - begin)
+    return begins + ends
+
+
+@register
+class ConvTranspose(Op):
+    """N-d transposed convolution of x [N, C, *spatial] with w [C, M/group, *kernel], the ONNX
+    attributes kept as given: `out[o] += x[i] * w[k]` where `o = i * stride + k * dilation - pad`.
+
+    `pads` (begins then ends) holds unless `output_shape` is given or `auto_pad` is SAME_UPPER or
+    SAME_LOWER (output `input * stride`, but never longer than the full output, as in ONNX
+    Runtime); then the pads come from that output (`transpose_pads`).
+    It is no `spatial_window`: the passes that rewrite a convolution's window do not apply.
+    """
+
+    name = "conv_transpose"
+    short_name = "convt"
+    kind = OpKind.ANCHOR
+    family = "gemm"
+    weight_input = 1
+
+    def __init__(self, strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int], group: int = 1,
+                 output_padding: Sequence[int] | None = None, output_shape: Sequence[int] = (),
+                 auto_pad: str = "NOTSET") -> None:
+        extra = tuple(output_padding) if output_padding is not None else (0,) * len(strides)
+        super().__init__(strides=tuple(strides), pads=tuple(pads), dilations=tuple(dilations), group=int(group),
+                         output_padding=extra, output_shape=tuple(output_shape), auto_pad=str(auto_pad))
+
+    def channel_axis(self, rank: int) -> int:
+        return 1
+
+    def weight_channel_axis(self, rank: int) -> int:
+        return 1
+
+    def padding_for(self, in_lens: Sequence[int], kernel: Sequence[int]) -> list[int]:
+        """The explicit begin-then-end pads for an input of spatial lens `in_lens`."""
+        if self.output_shape or self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = self.output_shape or tuple(min(n * s, s * (n - 1) + e + (k - 1) * d + 1) for n, k, s, d, e in zip(
+                in_lens, kernel, self.strides, self.dilations, self.output_padding))
+            return transpose_pads(in_lens, kernel, self.strides, self.dilations, self.output_padding, out, self.auto_pad)
+        return [0] * (2 * len(kernel)) if self.auto_pad == "VALID" else list(self.pads)
+
+    def out_spatial(self, in_lens: Sequence[int], kernel: Sequence[int]) -> list[int]:
+        p, k = self.padding_for(in_lens, kernel), len(kernel)
+        return [s * (n - 1) + e + (kk - 1) * d + 1 - p[j] - p[j + k]
+                for j, (n, kk, s, d, e) in enumerate(zip(in_lens, kernel, self.strides, self.dilations, self.output_padding))]
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        x, w = inputs
+        k = x.ndim - 2
+        require(x.ndim >= 3 and w.ndim == x.ndim, f"input rank {x.ndim} and weight rank {w.ndim} must match (>= 3)")
+        require(len(self.pads) == 2 * k and len(self.strides) == k and len(self.dilations) == k
+                and len(self.output_padding) == k and len(self.output_shape) in (0, k),
+                "pads, strides, dilations, output_padding and output_shape must match the spatial rank")
+        require(self.group > 0 and x.lens[1] % self.group == 0, f"input channels {x.lens[1]} not divisible by group {self.group}")
+        require(w.lens[0] == x.lens[1], f"weight rows {w.lens[0]} != input channels {x.lens[1]}")
+        require(x.dtype == w.dtype, f"input type {x.dtype} != weight type {w.dtype}")
+        out = self.out_spatial(x.lens[2:], w.lens[2:])
+        require(all(o > 0 for o in out), f"non-positive output size {out}")
+        return Shape.of(x.dtype, [x.lens[0], w.lens[1] * self.group, *out])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        """Scatter every tap's product into a buffer wide enough for the full output and any
+        negative padding, then cut the output out of it."""
+        x, w = args
+        acc = _acc_type(x.dtype)
+        k, g = x.ndim - 2, self.group
+        kernel, n_in = w.shape[2:], x.shape[2:]
+        pads, out = self.padding_for(n_in, kernel), self.out_spatial(n_in, kernel)
+        full = [s * (n - 1) + (kk - 1) * d + 1 for n, kk, s, d in zip(n_in, kernel, self.strides, self.dilations)]
+        lo = [min(0, pads[j]) for j in range(k)]
+        hi = [max(full[j], pads[j] + out[j]) for j in range(k)]
+        cg, mg = x.shape[1] // g, w.shape[1]
+        buf = np.zeros((x.shape[0], mg * g, *(h - l for l, h in zip(lo, hi))), dtype=acc)
+        xs, ws = x.astype(acc), w.astype(acc)
+        for tap in np.ndindex(*kernel):
+            at = tuple(slice(t * d - l, t * d - l + s * (n - 1) + 1, s)
+                       for t, d, l, s, n in zip(tap, self.dilations, lo, self.strides, n_in))
+            for gi in range(g):
+                part = np.tensordot(xs[:, gi * cg:(gi + 1) * cg], ws[(slice(gi * cg, (gi + 1) * cg), slice(None), *tap)], ([1], [0]))
+                buf[(slice(None), slice(gi * mg, (gi + 1) * mg), *at)] += np.moveaxis(part, -1, 1)
+        cut = tuple(slice(pads[j] - lo[j], pads[j] - lo[j] + out[j]) for j in range(k))
+        return buf[(slice(None), slice(None), *cut)].astype(x.dtype)
 
 
 @register

@@ -22,12 +22,18 @@ def _only_reader(users: dict[Instruction, list[Instruction]], ins: Instruction, 
 
 
 def _anchor_weights(anchor: Instruction) -> tuple[np.ndarray, int] | None:
-    """The literal weights of a product (convolution, dot) and the axis of output channels in them."""
+    """The literal weights of a product (convolution, dot) and the axis of output channels in them;
+    None also when that axis does not list every output channel once: a grouped transposed
+    convolution's [C, M/group, *k] holds each group's channels on it, so a per-channel scale
+    would not be one factor per weight slice."""
     op = anchor.op
     if op.family != "gemm" or op.weight_input is None or not is_literal(anchor.inputs[op.weight_input]):
         return None
     w = anchor.inputs[op.weight_input]
-    return w.op.value, op.weight_channel_axis(w.shape.ndim)  # type: ignore[attr-defined]
+    axis = op.weight_channel_axis(w.shape.ndim)
+    if w.shape.lens[axis] != anchor.shape.lens[op.channel_axis(anchor.shape.ndim)]:
+        return None
+    return w.op.value, axis  # type: ignore[attr-defined]
 
 
 def _channel_axis(anchor: Instruction) -> int:

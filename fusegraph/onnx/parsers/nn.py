@@ -1,5 +1,5 @@
-"""Parsers of ONNX network ops: convolution, pooling, matrix products, normalizations,
-reductions, resize and pad."""
+"""Parsers of ONNX network ops: convolution (plain and transposed), pooling, matrix products,
+normalizations, reductions, resize and pad."""
 
 from __future__ import annotations
 
@@ -73,6 +73,49 @@ def parse_conv(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction
     strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
     pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
     out = ctx.add(anchors.Convolution(pads, strides, dilations, ctx.attr("group", 1)), [x, w])
+    if len(ins) > 2 and ins[2] is not None:
+        out = _channel_bias(ctx, out, ins[2])
+    return out
+
+
+def _transpose_attrs(ctx: ImportContext, x: Instruction, w: Instruction) -> anchors.ConvTranspose:
+    """The ConvTranspose op of the node, its attributes checked against the input and weights."""
+    k = x.shape.ndim - 2
+    kernel = list(ctx.attr("kernel_shape", w.shape.lens[2:]))
+    if tuple(kernel) != w.shape.lens[2:]:
+        raise ctx.error(f"kernel_shape {kernel} does not match weights {list(w.shape.lens)}")
+    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    auto = ctx.check_attr("auto_pad", ctx.attr("auto_pad", "NOTSET"), ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
+    pads = list(ctx.attr("pads", [0] * (2 * k)))
+    if len(pads) != 2 * k or any(p < 0 for p in pads):
+        raise ctx.error(f"pads {pads} must be {2 * k} values >= 0")
+    extra = list(ctx.attr("output_padding", [0] * k))
+    if len(extra) != k or any(not 0 <= e < max(s, d) for e, s, d in zip(extra, strides, dilations)):
+        raise ctx.error(f"output_padding {extra} must be {k} values, each >= 0 and below its stride or dilation")
+    shape = list(ctx.attr("output_shape", []))
+    if len(shape) == k + 2:  # the old form, batch and channels included
+        shape = shape[2:]
+    if shape and (len(shape) != k or any(o <= 0 for o in shape)):
+        raise ctx.error(f"output_shape {shape} must be {k} positive values")
+    group = ctx.attr("group", 1)
+    if group <= 0 or x.shape.lens[1] % group or w.shape.lens[0] != x.shape.lens[1]:
+        raise ctx.error(f"weights {list(w.shape.lens)} and group {group} do not fit {x.shape.lens[1]} input channels")
+    op = anchors.ConvTranspose(strides, pads, dilations, group, extra, shape, auto)
+    p = op.padding_for(x.shape.lens[2:], kernel)
+    if any(p[j] + p[j + k] <= -s for j, s in enumerate(strides)):  # more than output_padding could add
+        raise ctx.error(f"output_shape {shape} is longer than input {list(x.shape.lens[2:])} can reach with strides {strides}")
+    if any(o <= 0 for o in op.out_spatial(x.shape.lens[2:], kernel)):
+        raise ctx.error(f"pads {pads} leave no output for input {list(x.shape.lens[2:])}")
+    return op
+
+
+@onnx_op("ConvTranspose")
+def parse_conv_transpose(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    x, w = ins[0], ins[1]
+    assert x is not None and w is not None
+    if x.shape.ndim < 3 or w.shape.ndim != x.shape.ndim:
+        raise ctx.error(f"input [N, C, spatial...] and weights of its rank expected, got {list(x.shape.lens)} and {list(w.shape.lens)}")
+    out = ctx.add(_transpose_attrs(ctx, x, w), [x, w])
     if len(ins) > 2 and ins[2] is not None:
         out = _channel_bias(ctx, out, ins[2])
     return out

@@ -4,7 +4,9 @@ A program of the template computes an (m, n) tile of a product, looping over k. 
 convolution or a batched matrix product of that loop is only where A, B and the output are
 read and written for (m, k), (k, n) and (m, n): for a convolution the A index is the input
 pixel under the window (`oh * stride - pad + kh * dilation`, zero outside the image), so the
-NCHW input is read directly with no im2col buffer. Each anchor class of the `gemm` family
+NCHW input is read directly with no im2col buffer; a transposed convolution gathers the input
+pixel each output pixel's tap comes from, masked where the stride does not divide the offset.
+Each anchor class of the `gemm` family
 registers its spec builder here with `@spec_of`.
 """
 
@@ -17,7 +19,7 @@ from typing import Callable
 from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, subexpressions, substitute
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.anchors import Convolution, Dot
+from fusegraph.ops.anchors import Convolution, ConvTranspose, Dot
 from fusegraph.ops.base import Op, is_load, is_store
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, var
 
@@ -93,6 +95,40 @@ def conv_spec(conv: Instruction) -> GemmSpec:
     spatial = [o[j] * a["stride"][j] - a["padding"][j] + kk[j] * a["dilation"][j] for j in range(r)]
     valid = [(spatial[j], 0, X[2 + j]) for j in range(r)]
     return GemmSpec(M, N, K, g, (n_idx, gz * cg + ci, *spatial), (gz * ng + rn, ci, *kk),
+                    (n_idx, gz * ng + rn, *o), valid, KK if taps else 0, g)
+
+
+@spec_of(ConvTranspose)
+def conv_transpose_spec(conv: Instruction) -> GemmSpec:
+    """Output pixel o takes tap t from input pixel i = (o + pad - t * dilation) / stride where
+    that divides exactly and lands inside the input: the A index gathers i, and `a_valid` keeps
+    the remainder at 0 and i in range. Weights are [C, M/group, *kernel]: B is (c, m, t)."""
+    x, w = conv.inputs
+    op = conv.op
+    X, W, O = x.shape.lens, w.shape.lens, conv.shape.lens[2:]
+    g, k_sp = op.attrs["group"], W[2:]
+    r = len(k_sp)
+    pads = op.padding_for(X[2:], k_sp)
+    P, KK = math.prod(O), math.prod(k_sp)
+    cg, ng = X[1] // g, W[1]
+    M, N, K = X[0] * P, ng, cg * KK
+    rm, rn, gz = var("rm", M), var("rn", N), var("gz", g)
+    n_idx = rm // P
+    o = delinearize(rm % P, O)
+    taps = tap_major(conv)
+    if taps:  # as for a convolution: `rk` the channel, `tap` a loop scalar
+        ci, tap = var("rk", cg), var("tap", KK)
+        kk = delinearize(tap, k_sp)
+    else:
+        rk = var("rk", K)
+        ci = rk // KK
+        kk = delinearize(rk % KK, k_sp)
+    offsets = [o[j] + pads[j] - kk[j] * op.attrs["dilations"][j] for j in range(r)]
+    strides = op.attrs["strides"]
+    spatial = [offsets[j] // strides[j] for j in range(r)]
+    valid = [(spatial[j], 0, X[2 + j]) for j in range(r)]
+    valid += [(offsets[j] % strides[j], 0, 1) for j in range(r) if strides[j] > 1]
+    return GemmSpec(M, N, K, g, (n_idx, gz * cg + ci, *spatial), (gz * cg + ci, rn, *kk),
                     (n_idx, gz * ng + rn, *o), valid, KK if taps else 0, g)
 
 
