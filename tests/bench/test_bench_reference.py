@@ -1,7 +1,7 @@
 """The benchmarks' PyTorch model (bench/torch_reference.py) computes what fusegraph's NumPy reference computes.
 
 The torch contenders of bench/ are only a fair comparison if they run the same function as
-fusegraph. These tests run the generated module and `Program.run` (the NumPy oracle) on fresh
+fusegraph. These tests run the generated module and the ref target (`fusegraph.run`, the NumPy oracle) on fresh
 random inputs, in float32 on the CPU, for YOLOv5s (160x160), two light_* models and small
 graphs that reach the translation's less common paths (asymmetric and ceil-mode pooling,
 resize modes, negative-step slices, reflect padding, ...). Tolerance, elementwise:
