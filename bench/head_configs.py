@@ -68,7 +68,7 @@ class Head:
 
 def compile_head(level: Level) -> Head:
     w_np, b_np = make_weights(level, 0)
-    compiled = fusegraph.parse_onnx(head_model(level, w_np, b_np)).compile(target="gpu", fp16=True)
+    compiled = fusegraph.compile(fusegraph.parse_onnx(head_model(level, w_np, b_np)), "gpu", fp16=True)
     (kernel,) = compiled.kernels
     x = torch.randn(1, level.cin, level.size, level.size, device="cuda").half()
     with exact_fp32():

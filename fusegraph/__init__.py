@@ -1,9 +1,12 @@
-"""fusegraph: an ONNX inference compiler that fuses anchors, pointwise ops and layout changes."""
+"""fusegraph: an ONNX inference compiler that fuses anchors, pointwise ops and layout changes.
+
+The public API is `fusegraph.api`, re-exported here: parse_onnx, fuse, compile, run.
+"""
 
 from fusegraph import ops  # noqa: F401  (registers every operator)
-from fusegraph.errors import FusegraphError
+from fusegraph.api import compile, fuse, parse_onnx, run
+from fusegraph.errors import ArgumentError, FusegraphError
 from fusegraph.ir.program import Program
-from fusegraph.onnx.importer import parse_onnx
 
-__all__ = ["FusegraphError", "Program", "parse_onnx"]
+__all__ = ["ArgumentError", "FusegraphError", "Program", "compile", "fuse", "parse_onnx", "run"]
 __version__ = "0.1.0"

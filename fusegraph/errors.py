@@ -43,3 +43,8 @@ class ShapeError(FusegraphError):
 
 class InputError(FusegraphError):
     """A run-time input has the wrong name, shape or dtype."""
+
+
+class ArgumentError(FusegraphError):
+    """A fusegraph function was called with an argument of the wrong type or value; the message
+    names the argument and what it accepts."""

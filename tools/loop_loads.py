@@ -44,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     import fusegraph
     import fusegraph.zoo
     from fusegraph.ir.dtypes import DType
-    from fusegraph.passes.pipeline import fuse
     from fusegraph.passes.to_half import ToHalf
     from fusegraph.targets.gpu.ahead_of_time import arg_dtypes, build_for
     from fusegraph.targets.gpu.codegen import program_kernels
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     program = fusegraph.parse_onnx(model)
     if not args.fp32:
         ToHalf(DType.float16).apply(program.main)
-    fuse(program)
+    fusegraph.fuse(program)
     fused = [i for i in program.main if i.op.name == "fused"]
     print(f"triton {triton.__version__}, sm_90, per thread per k iteration: scalar / vector / cp.async loads")
     for ins, src in zip(fused, program_kernels(program)):

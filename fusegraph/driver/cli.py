@@ -44,17 +44,17 @@ def _precision_args(p: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace, model: Any = None) -> "Program":
     """The program of `args.model` (or of an already loaded `model`), with `--input-dim` applied."""
-    from fusegraph import parse_onnx
+    from fusegraph import api
     from fusegraph.driver.inputs import parse_input_dims
 
-    return parse_onnx(args.model if model is None else model, input_dims=parse_input_dims(args.input_dim))
+    return api.parse_onnx(args.model if model is None else model, input_dims=parse_input_dims(args.input_dim))
 
 
-def _fuse(program, args: argparse.Namespace) -> None:
+def _fuse(program: "Program", args: argparse.Namespace) -> None:
     if getattr(args, "fused", False):
-        from fusegraph.passes.pipeline import fuse
+        from fusegraph import api
 
-        fuse(program)
+        api.fuse(program)
 
 
 def cmd_read(args: argparse.Namespace) -> int:
@@ -64,13 +64,14 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
 
     program = _load(args)
     _fuse(program, args)
     inputs = load_inputs(args.input, program.input_shapes, args.seed)
     start = time.perf_counter()
-    outputs = program.run(inputs)
+    outputs = api.run(program, inputs, target="ref")
     elapsed = time.perf_counter() - start
     for name, value in outputs.items():
         print(_summary(name, value))
@@ -107,14 +108,15 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _verify_gpu(args: argparse.Namespace) -> int:
     """The gpu target against the (unfused, fp32) reference target on the same inputs."""
+    from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
 
     program = _load(args)
-    compiled = program.compile(target="gpu", **_gpu_options(args))
+    compiled = api.compile(program, "gpu", **_gpu_options(args))
     inputs = load_inputs(args.input, program.input_shapes, args.seed)
-    want = program.run(inputs)
+    want = api.run(program, inputs, target="ref")
     compiled.poison()
-    got = compiled.run(inputs)
+    got = api.run(compiled, inputs)
     tolerance = args.tolerance if args.tolerance is not None else (1e-2 if args.fp16 or args.bf16 else
                                                                     (1e-3 if args.allow_tf32 else 1e-4))
     mode = "fp16" if args.fp16 else "bf16" if args.bf16 else ("fp32, tf32 products" if args.allow_tf32 else "fp32")
@@ -137,15 +139,16 @@ def _report(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray], toler
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
+    from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
     from fusegraph.driver.perf import chrome_trace, perf_report
 
     program = _load(args)
-    compiled = program.compile(target="gpu", **_gpu_options(args))
+    compiled = api.compile(program, "gpu", **_gpu_options(args))
     if compiled.interpreted:
         print("fusegraph: error: perf needs a GPU (kernels run under the Triton interpreter here)", file=sys.stderr)
         return 2
-    compiled.run(load_inputs(args.input, program.input_shapes, args.seed))
+    api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
     print(perf_report(compiled, args.iterations, args.configs))
     if args.trace:
         with open(args.trace, "w") as f:
@@ -155,6 +158,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
     from fusegraph.driver.verify import run_onnxruntime
     from fusegraph.onnx.loader import load_model
@@ -170,7 +174,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         _fuse(program, args)
         label += ", fused"
     inputs = load_inputs(args.input, program.input_shapes, args.seed)
-    ours = program.run(inputs)
+    ours = api.run(program, inputs, target="ref")
     theirs = run_onnxruntime(model.SerializeToString(), inputs)
     print(f"fusegraph ({label}) vs ONNX Runtime (CPU), seed {args.seed}:")
     return _report(ours, theirs, args.tolerance)

@@ -8,16 +8,20 @@ whose op holds a sub-module; the `Program` owns the main module and all sub-modu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 from fusegraph.errors import ShapeError
-from fusegraph.ir.dtypes import DType
 from fusegraph.ir.shape import Shape
 
-if TYPE_CHECKING:
-    from fusegraph.ops.base import Op
+
+class OpLike(Protocol):
+    """What the IR itself asks of an op. The ops layer above (fusegraph.ops.base.Op) adds kinds,
+    traits and references; the IR stays below it, so it names only this much."""
+
+    name: str
+    attrs: dict[str, Any]
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape: ...
 
 
 class Instruction:
@@ -25,7 +29,7 @@ class Instruction:
 
     __slots__ = ("op", "inputs", "shape", "origin", "module")
 
-    def __init__(self, op: "Op", inputs: Sequence["Instruction"], shape: Shape, origin: str = "") -> None:
+    def __init__(self, op: OpLike, inputs: Sequence["Instruction"], shape: Shape, origin: str = "") -> None:
         self.op = op
         self.inputs: list[Instruction] = list(inputs)
         self.shape = shape
@@ -50,13 +54,13 @@ class Module:
         self.return_names: list[str] = []
 
     # building -------------------------------------------------------------------------
-    def add(self, op: "Op", inputs: Sequence[Instruction] = (), origin: str = "") -> Instruction:
+    def add(self, op: OpLike, inputs: Sequence[Instruction] = (), origin: str = "") -> Instruction:
         """Append `op(inputs)`, inferring its shape; a shape error names the instruction's origin."""
         ins = self.make(op, inputs, origin)
-        self._append(ins)
+        self.append(ins)
         return ins
 
-    def make(self, op: "Op", inputs: Sequence[Instruction] = (), origin: str = "") -> Instruction:
+    def make(self, op: OpLike, inputs: Sequence[Instruction] = (), origin: str = "") -> Instruction:
         """Build an instruction (shape inferred) without placing it in the module yet."""
         try:
             shape = op.compute_shape([i.shape for i in inputs])
@@ -65,29 +69,6 @@ class Module:
             shapes = "; ".join(str(i.shape) for i in inputs)
             raise ShapeError(f"{where}({op}): {e} [inputs: {shapes}]") from None
         return Instruction(op, inputs, shape, origin)
-
-    def add_param(self, name: str, shape: Shape) -> Instruction:
-        ins = self.make_param(name, shape)
-        self._append(ins)
-        return ins
-
-    def make_param(self, name: str, shape: Shape) -> Instruction:
-        """A parameter instruction, not yet placed in the module."""
-        from fusegraph.ops.source import Param
-
-        return Instruction(Param(name=name), [], shape, name)
-
-    def add_literal(self, value: np.ndarray | float | int, dtype: DType | None = None, origin: str = "") -> Instruction:
-        ins = self.make_literal(value, dtype, origin)
-        self._append(ins)
-        return ins
-
-    def make_literal(self, value: np.ndarray | float | int, dtype: DType | None = None, origin: str = "") -> Instruction:
-        """A literal instruction, not yet placed in the module."""
-        from fusegraph.ops.source import Literal
-
-        arr = np.asarray(value, dtype=dtype.numpy if dtype else None)
-        return Instruction(Literal(arr), [], Shape.of(DType.from_numpy(arr.dtype), arr.shape), origin)
 
     def insert_before(self, anchor: Instruction, ins: Instruction) -> Instruction:
         ins.module = self
@@ -98,9 +79,11 @@ class Module:
         self.returns = list(returns)
         self.return_names = list(names) if names is not None else [f"output_{i}" for i in range(len(returns))]
 
-    def _append(self, ins: Instruction) -> None:
+    def append(self, ins: Instruction) -> Instruction:
+        """Place a built instruction (`make`, or a parameter or literal from ops/source.py) last."""
         ins.module = self
         self.instructions.append(ins)
+        return ins
 
     # queries ------------------------------------------------------------------------
     @property
@@ -131,6 +114,24 @@ class Module:
 
     def remove(self, ins: Instruction) -> None:
         self.instructions.remove(ins)
+
+    def remove_dead_code(self) -> bool:
+        """Drop the instructions nothing returned depends on; True when some were dropped.
+
+        Parameters stay even when unused, since they are the module's interface. The importer
+        and the dead-code pass share this, so it lives with the data it prunes.
+        """
+        live = {id(i) for i in self.instructions if i.op.name == "@param"}
+        stack = list(self.returns)
+        while stack:
+            ins = stack.pop()
+            if id(ins) in live:
+                continue
+            live.add(id(ins))
+            stack.extend(ins.inputs)
+        before = len(self.instructions)
+        self.instructions = [i for i in self.instructions if id(i) in live]
+        return len(self.instructions) != before
 
     def replace(self, old: Instruction, new: Instruction) -> None:
         """Put `new` in `old`'s place: readers (and returns) of `old` read `new`, `old` is removed.
@@ -174,7 +175,7 @@ class Module:
 
 
 class Program:
-    """A main module plus the sub-modules of fused groups; `run` executes it on the ref target."""
+    """A main module plus the sub-modules of fused groups (`fusegraph.api` compiles and runs it)."""
 
     def __init__(self, main: Module | None = None) -> None:
         self.main = main if main is not None else Module("main")
@@ -201,21 +202,6 @@ class Program:
     @property
     def output_names(self) -> list[str]:
         return list(self.main.return_names)
-
-    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run on the NumPy reference target; inputs are checked by name, shape and dtype."""
-        from fusegraph.targets.ref.runner import run_program
-
-        return run_program(self, inputs)
-
-    def compile(self, target: str = "gpu", **options: Any) -> Any:
-        """Compile for `target` ("gpu"): a CompiledProgram with `run(inputs)`. Options: fp16,
-        bf16, allow_tf32, tune, exhaustive_tune, progress (see targets/gpu/compiler.py)."""
-        if target != "gpu":
-            raise ValueError(f"unknown target {target!r}; the compiled target is 'gpu' (the reference target is Program.run)")
-        from fusegraph.targets.gpu.compiler import compile_gpu
-
-        return compile_gpu(self, **options)
 
     def __str__(self) -> str:
         from fusegraph.ir.printer import format_program

@@ -19,7 +19,8 @@ from fusegraph.errors import DynamicValueError, ParseError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import Op
-from fusegraph.passes.constant_propagation import fold, foldable
+from fusegraph.ops.constant_fold import fold, foldable
+from fusegraph.ops.source import add_literal
 
 ONNX_TO_DTYPE: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.float32,
@@ -121,7 +122,7 @@ class ImportContext:
         return tuple(sorted(names))
 
     def literal(self, value: np.ndarray | float | int, dtype: DType | None = None) -> Instruction:
-        return self.module.add_literal(value, dtype, origin=self.node.name if self.node else "")
+        return add_literal(self.module, value, dtype, origin=self.node.name if self.node else "")
 
     # building ----------------------------------------------------------------------
     def add(self, op: Op, inputs: Sequence[Instruction]) -> Instruction:

@@ -20,7 +20,7 @@ from fusegraph.ir.shape import Shape
 from fusegraph.onnx import parsers  # noqa: F401  (registers the parsers)
 from fusegraph.onnx.context import PARSERS, ImportContext, onnx_dtype
 from fusegraph.onnx.loader import load_model
-from fusegraph.passes.dead_code import DeadCodeElimination
+from fusegraph.ops.source import add_literal, add_param
 
 MIN_OPSET = 7
 
@@ -51,14 +51,14 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
         raise ParseError(f"--input-dim names unknown input(s) {', '.join(map(repr, unknown))}; "
                          f"the model's inputs are: {', '.join(i.name for i in inputs)}")
     for value_info in inputs:
-        ctx.values[value_info.name] = module.add_param(value_info.name, _input_shape(value_info, dims.get(value_info.name)))
+        ctx.values[value_info.name] = add_param(module, value_info.name, _input_shape(value_info, dims.get(value_info.name)))
     for t in graph.initializer:
         try:
             array = numpy_helper.to_array(t)
         except Exception as e:
             raise ParseError(f"initializer {t.name!r}: cannot read its data ({e})") from None
         onnx_dtype(t.data_type, f"initializer {t.name!r}")
-        ctx.values[t.name] = module.add_literal(array, origin=t.name)
+        ctx.values[t.name] = add_literal(module, array, origin=t.name)
     for k, node in enumerate(graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{k}"
@@ -91,7 +91,7 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
             raise ParseError(f"graph output {out.name!r} is not produced by any node")
         returns.append(ctx.values[out.name])
     module.set_returns(returns, [o.name for o in graph.output])
-    DeadCodeElimination().apply(module)
+    module.remove_dead_code()
     program.meta.update(opset=opset, producer=f"{model.producer_name} {model.producer_version}".strip())
     return program
 

@@ -147,7 +147,10 @@ class Allocate(Op):
 
 @register
 class Fused(Op):
-    """A fused group: its sub-module's parameters are the instruction's inputs, in order."""
+    """A fused group: its sub-module's parameters are the instruction's inputs, in order.
+
+    It has no `reference` of its own: each target runs the sub-module its own way (the ref
+    target evaluates it instruction by instruction, the gpu target generates one kernel)."""
 
     name = "fused"
     kind = OpKind.FUSED
@@ -174,10 +177,3 @@ class Fused(Op):
                     f"parameter {p.op.attrs['name']} is {p.shape}, given {s}")
         (ret,) = self.module.returns
         return ret.shape
-
-    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
-        from fusegraph.targets.ref.runner import run_module
-
-        params = list(self.module.params.values())
-        (out,) = run_module(self.module, args=dict(zip(params, args)))
-        return out

@@ -1,4 +1,8 @@
-"""Parameters and literals: the instructions that read nothing."""
+"""Parameters and literals: the instructions that read nothing.
+
+Their shapes are given, not inferred, so they are built here (`make_param`, `make_literal`)
+rather than by `Module.add`: the IR below knows no op, and these helpers put the op in.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape
 from fusegraph.ops.base import Op, OpKind, register
 
@@ -50,8 +56,6 @@ class Literal(Op):
         return id(self)
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
-        from fusegraph.ir.dtypes import DType
-
         return Shape.of(DType.from_numpy(self.value.dtype), self.value.shape)
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
@@ -62,3 +66,23 @@ def _scalar_text(x: np.generic) -> str:
     if isinstance(x, (np.floating, float)):
         return f"{float(x):g}"
     return str(x.item() if hasattr(x, "item") else x)
+
+
+def make_param(name: str, shape: Shape) -> Instruction:
+    """A parameter instruction, not yet placed in a module."""
+    return Instruction(Param(name=name), [], shape, name)
+
+
+def add_param(module: Module, name: str, shape: Shape) -> Instruction:
+    return module.append(make_param(name, shape))
+
+
+def make_literal(value: np.ndarray | float | int, dtype: DType | None = None, origin: str = "") -> Instruction:
+    """A literal instruction, not yet placed in a module."""
+    arr = np.asarray(value, dtype=dtype.numpy if dtype else None)
+    return Instruction(Literal(arr), [], Shape.of(DType.from_numpy(arr.dtype), arr.shape), origin)
+
+
+def add_literal(module: Module, value: np.ndarray | float | int, dtype: DType | None = None,
+                origin: str = "") -> Instruction:
+    return module.append(make_literal(value, dtype, origin))

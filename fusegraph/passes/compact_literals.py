@@ -13,6 +13,7 @@ import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind, is_literal
+from fusegraph.ops.source import make_literal
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.rewrite import rewrite_each
 
@@ -41,7 +42,7 @@ class CompactLiterals:
         if not axes:
             return False
         small = value[tuple(slice(0, 1) if a in axes else slice(None) for a in range(value.ndim))]
-        lit = module.make_literal(np.ascontiguousarray(small), origin=ins.origin)
+        lit = make_literal(np.ascontiguousarray(small), origin=ins.origin)
         module.insert_before(ins, lit)
         module.replace(ins, module.make(MultiBroadcast(value.shape), [lit], ins.origin))
         return True

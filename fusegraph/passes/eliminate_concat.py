@@ -20,6 +20,7 @@ from fusegraph.ir.index_map import IndexMap, embed_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_allocate, is_fused, is_store
 from fusegraph.ops.fused import Allocate, Fused, Store
+from fusegraph.ops.source import make_param
 from fusegraph.ops.views import Slice
 from fusegraph.passes.group_builder import GroupBuilder, group_name
 from fusegraph.passes.rewrite import rewrite_each
@@ -43,7 +44,7 @@ def retarget(module: Module, fused: Instruction, buffer: Instruction, emb: Index
     """`fused` storing through `emb` into `buffer` (its new last input) instead of a fresh buffer."""
     sub = fused.op.module
     stores, alloc = _store_chain(sub)
-    sub.replace(alloc, sub.make_param(f"x{len(fused.inputs)}", buffer.shape.as_standard()))
+    sub.replace(alloc, make_param(f"x{len(fused.inputs)}", buffer.shape.as_standard()))
     for st in stores:
         sub.replace(st, sub.make(Store(emb.after(st.op.attrs["map"]), st.op.attrs["domain"]), st.inputs, st.origin))
     return module.make(Fused(sub, fused.op.attrs["kernel"]), [*fused.inputs, buffer], fused.origin)

@@ -12,6 +12,7 @@ import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_literal, make_op
+from fusegraph.ops.source import make_literal
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.literal_values import broadcast_literal, per_channel
 from fusegraph.passes.rewrite import rewrite_each
@@ -47,7 +48,7 @@ def _rescale(module: Module, anchor: Instruction, scale: np.ndarray) -> Instruct
     acc = np.float64
     new_w = (weights.astype(acc) * scale.astype(acc).reshape(shape)).astype(weights.dtype)
     k = anchor.op.weight_input
-    lit = module.make_literal(new_w, origin=anchor.inputs[k].origin)
+    lit = make_literal(new_w, origin=anchor.inputs[k].origin)
     module.insert_before(anchor, lit)
     inputs = list(anchor.inputs)
     inputs[k] = lit
@@ -63,7 +64,7 @@ def add_bias(module: Module, before: Instruction, out: Instruction, bias: np.nda
     origin = before.origin if origin is None else origin
     shape = [1] * out.shape.ndim
     shape[axis] = -1
-    lit = module.make_literal(bias.astype(out.shape.dtype.numpy).reshape(shape), origin=origin)
+    lit = make_literal(bias.astype(out.shape.dtype.numpy).reshape(shape), origin=origin)
     module.insert_before(before, lit)
     b = module.make(MultiBroadcast(out.shape.lens), [lit], origin)
     module.insert_before(before, b)

@@ -15,6 +15,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import Op, OpKind, is_fused
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.ops.fused import Allocate, Domain, Fused, Load, Store
+from fusegraph.ops.source import add_param
 from fusegraph.passes.dead_code import DeadCodeElimination
 
 
@@ -47,7 +48,7 @@ class GroupBuilder:
     def param(self, outside: Instruction) -> Instruction:
         key = id(outside)
         if key not in self._params:
-            self._params[key] = self.sub.add_param(f"x{len(self.inputs)}", outside.shape.as_standard())
+            self._params[key] = add_param(self.sub, f"x{len(self.inputs)}", outside.shape.as_standard())
             self.inputs.append(outside)
         return self._params[key]
 

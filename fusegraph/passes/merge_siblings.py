@@ -37,6 +37,7 @@ import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind, is_literal
+from fusegraph.ops.source import make_literal
 from fusegraph.ops.views import MultiBroadcast, Slice
 from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.fuse_anchors import anchor_group
@@ -178,7 +179,7 @@ def _merged_constant(module: Module, siblings: list[_Sibling], member: int, oper
     drop = value.ndim - source.shape.ndim  # keep the rank the constant had (leading dims of 1 go)
     if drop > 0 and all(n == 1 for n in value.shape[:drop]):
         value = value.reshape(value.shape[drop:])
-    lit = module.make_literal(value.astype(x.shape.dtype.numpy), origin=x.origin)
+    lit = make_literal(value.astype(x.shape.dtype.numpy), origin=x.origin)
     if lit.shape.lens == tuple(lens):
         return [lit]
     return [lit, module.make(MultiBroadcast(lens), [lit], x.origin)]
@@ -192,7 +193,7 @@ def _merge(module: Module, group: list[_Sibling], signature: Hashable) -> None:
     first = min((s.anchor for s in group), key=lambda a: pos[id(a)])
     a0 = group[0].anchor
     weights = np.concatenate([_weights(s.anchor).op.value for s in group], axis=_weight_axis(a0))  # type: ignore[attr-defined]
-    w = module.make_literal(weights, origin=_weights(a0).origin)
+    w = make_literal(weights, origin=_weights(a0).origin)
     inputs = list(a0.inputs)
     inputs[a0.op.weight_input] = w
     added = [w, module.make(a0.op, inputs, a0.origin)]

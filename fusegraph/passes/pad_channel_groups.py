@@ -18,6 +18,7 @@ import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_literal
+from fusegraph.ops.source import make_literal
 from fusegraph.ops.views import Reshape, Slice
 from fusegraph.passes.fold_into_weights import add_bias
 from fusegraph.passes.literal_values import broadcast_literal
@@ -86,7 +87,7 @@ class PadChannelGroups:
         if size & (size - 1) == 0 or size < 16 or padded(size) > MAX_GROUP or groups < 2:
             return False
         weights = conv.inputs[1].op.value  # type: ignore[attr-defined]
-        w_lit = module.make_literal(_pad_rows(weights, groups, size, 0), origin=conv.inputs[1].origin)
+        w_lit = make_literal(_pad_rows(weights, groups, size, 0), origin=conv.inputs[1].origin)
         module.insert_before(conv, w_lit)
         out = module.make(conv.op, [conv.inputs[0], w_lit], conv.origin)
         module.insert_before(conv, out)

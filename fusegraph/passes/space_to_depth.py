@@ -26,6 +26,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.anchors import Convolution
 from fusegraph.ops.base import is_literal
 from fusegraph.ops.movement import Pad
+from fusegraph.ops.source import make_literal
 from fusegraph.ops.views import Reshape, Transpose
 from fusegraph.passes.rewrite import rewrite_each
 
@@ -77,8 +78,8 @@ class SpaceToDepth:
         y = x
         for op in steps:
             y = module.insert_before(conv, module.make(op, [y], conv.origin))
-        lit = module.insert_before(conv, module.make_literal(block_weights(w.op.value, s, channels),  # type: ignore[attr-defined]
-                                                             origin=w.origin))
+        lit = module.insert_before(conv, make_literal(block_weights(w.op.value, s, channels),  # type: ignore[attr-defined]
+                                                      origin=w.origin))
         a = conv.op.attrs
         op = Convolution([p // s for p in a["padding"]], [1, 1], [1, 1], 1)
         module.replace(conv, module.make(op, [y, lit], conv.origin))

@@ -32,7 +32,7 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module", params=[0, 1], ids=["whole", "pieces"])
 def head(request):
     w, b = make_weights(LEVEL, 0)
-    compiled = fusegraph.parse_onnx(head_model(LEVEL, w, b)).compile(target="gpu", fp16=True)
+    compiled = fusegraph.compile(fusegraph.parse_onnx(head_model(LEVEL, w, b)), "gpu", fp16=True)
     (kernel,) = compiled.kernels
     x = torch.from_numpy(np.random.default_rng().standard_normal((1, 32, 4, 4))).half()
     bound = compiled.bind({"x": x})

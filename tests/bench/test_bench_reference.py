@@ -1,7 +1,7 @@
 """The benchmarks' PyTorch model (bench/torch_reference.py) computes what fusegraph's NumPy reference computes.
 
 The torch contenders of bench/ are only a fair comparison if they run the same function as
-fusegraph. These tests run the generated module and `Program.run` (the NumPy oracle) on fresh
+fusegraph. These tests run the generated module and the ref target (`fusegraph.run`, the NumPy oracle) on fresh
 random inputs, in float32 on the CPU, for YOLOv5s (160x160), two light_* models and small
 graphs that reach the translation's less common paths (asymmetric and ceil-mode pooling,
 resize modes, negative-step slices, reflect padding, ...). Tolerance, elementwise:
@@ -20,7 +20,7 @@ from onnx import helper
 torch = pytest.importorskip("torch")
 
 from bench.torch_reference import TorchReferenceError, build_module  # noqa: E402
-from fusegraph import parse_onnx  # noqa: E402
+from fusegraph import api, parse_onnx  # noqa: E402
 from fusegraph.driver.inputs import random_inputs  # noqa: E402
 from fusegraph.passes.pipeline import fuse  # noqa: E402
 from tests.helpers import make_model, rel_err  # noqa: E402
@@ -55,7 +55,7 @@ def _check(program, seed: int, inputs: dict[str, np.ndarray], want: dict[str, np
 def _compare(program, scale: float = 1.0, modes: tuple[bool, ...] = (True, False), channels_last: bool = False) -> None:
     """Module == NumPy reference on one fresh random input, with idioms and without."""
     seed, inputs = _random(program, scale)
-    want = program.run(inputs)
+    want = api.run(program, inputs)
     for idioms in modes:
         _check(program, seed, inputs, want, idioms)
     if channels_last:

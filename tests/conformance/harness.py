@@ -164,7 +164,7 @@ FUSEGRAPH_UNSUPPORTED = (UnsupportedOpError, ParseError)
 
 
 def run_fusegraph(case: Case, fused: bool = False) -> Outcome:
-    from fusegraph.onnx.backend import FusedFusegraphBackend, FusegraphBackend
+    from fusegraph.driver.onnx_backend import FusedFusegraphBackend, FusegraphBackend
 
     return run_case(case, FusedFusegraphBackend if fused else FusegraphBackend, FUSEGRAPH_UNSUPPORTED)
 
@@ -175,7 +175,7 @@ def run_gpu(case: Case) -> Outcome:
     A group without a GPU template (`CodegenError`) skips like an unsupported op does; the
     outcome's `error` tells the two apart, so that what the GPU target lacks is counted on its own.
     """
-    from fusegraph.onnx.backend import GpuFusegraphBackend
+    from fusegraph.driver.onnx_backend import GpuFusegraphBackend
     from fusegraph.targets.gpu.kernel_writer import CodegenError
 
     return run_case(case, GpuFusegraphBackend, FUSEGRAPH_UNSUPPORTED + (CodegenError,))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.driver.cli import main
 from fusegraph.errors import InputError, ModelLoadError, ParseError, ShapeError, UnsupportedOpError
 from tests.helpers import make_model, rand
@@ -82,11 +82,11 @@ def test_conv_channel_mismatch_is_shape_error():
 def test_runtime_input_errors():
     program = parse_onnx(_relu_model())
     with pytest.raises(InputError, match="unknown input\\(s\\) 'z'.*missing input\\(s\\) 'x'.*expects: x \\[2, 3\\] float32"):
-        program.run({"z": rand(2, 3)})
+        api.run(program, {"z": rand(2, 3)})
     with pytest.raises(InputError, match="input 'x' has shape \\[3, 2\\], expected \\[2, 3\\]"):
-        program.run({"x": rand(3, 2)})
+        api.run(program, {"x": rand(3, 2)})
     with pytest.raises(InputError, match="input 'x' has dtype float64, expected float32"):
-        program.run({"x": np.zeros((2, 3))})
+        api.run(program, {"x": np.zeros((2, 3))})
 
 
 def test_unknown_input_dim_name():

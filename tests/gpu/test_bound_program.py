@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.targets.gpu.memory_plan import BufferKind
 from fusegraph.targets.gpu.templates.gemm_emit import workspace_elements
 from tests.helpers import make_model, rand, rel_err
@@ -39,22 +39,22 @@ def _matmul(w: np.ndarray):
 
 def test_launch_all_computes_the_conv_and_relu() -> None:
     program = _conv_relu()
-    compiled = program.compile(target="gpu", tune=False)
+    compiled = api.compile(program, "gpu", tune=False)
     x = np.random.default_rng().standard_normal((1, 4, 6, 6)).astype(np.float32)
     bound = compiled.bind({"x": x})
     assert compiled.bound is bound
     compiled.poison()
     bound.launch_all()
     got = bound.outputs()["y"].cpu().numpy()
-    assert rel_err(got, program.run({"x": x})["y"]) <= TOL
+    assert rel_err(got, api.run(program, {"x": x})["y"]) <= TOL
 
 
 def test_kernels_launch_by_position_or_by_kernel_on_their_argument_lists() -> None:
     program = _conv_relu()
-    compiled = program.compile(target="gpu", tune=False)
+    compiled = api.compile(program, "gpu", tune=False)
     x = torch.from_numpy(np.random.default_rng().standard_normal((1, 4, 6, 6)).astype(np.float32))
     bound = compiled.bind({"x": x})
-    want = program.run({"x": x.numpy()})["y"]
+    want = api.run(program, {"x": x.numpy()})["y"]
     for i, k in enumerate(compiled.kernels):
         assert len(bound.args(i)) == len(k.src.args) and bound.args(k) is bound.args(i)
     compiled.poison()
@@ -65,7 +65,7 @@ def test_kernels_launch_by_position_or_by_kernel_on_their_argument_lists() -> No
     for i in range(len(compiled.kernels)):
         bound.launch(i, compiled.kernels[i].config)
     assert rel_err(bound.outputs()["y"].cpu().numpy(), want) <= TOL
-    other = _conv_relu().compile(target="gpu", tune=False)
+    other = api.compile(_conv_relu(), "gpu", tune=False)
     with pytest.raises(ValueError, match="not one of this program's"):
         bound.launch(other.kernels[0])
     with pytest.raises(IndexError):
@@ -75,7 +75,7 @@ def test_kernels_launch_by_position_or_by_kernel_on_their_argument_lists() -> No
 def test_split_k_matmul_through_the_binding_leaves_its_scratch_zeroed() -> None:
     rng = np.random.default_rng()
     w = (rng.standard_normal((1024, 16)) * 0.05).astype(np.float32)
-    compiled = _matmul(w).compile(target="gpu", tune=False)
+    compiled = api.compile(_matmul(w), "gpu", tune=False)
     (k,) = compiled.kernels
     split = [c for c in k.src.configs if c["SPLIT"] > 1]
     assert split, k.src.configs
@@ -92,7 +92,7 @@ def test_split_k_matmul_through_the_binding_leaves_its_scratch_zeroed() -> None:
 
 
 def test_scratch_buffers_have_ids_of_their_own_and_the_largest_need() -> None:
-    compiled = _matmul(rand(1024, 16, seed=3)).compile(target="gpu", tune=False)
+    compiled = api.compile(_matmul(rand(1024, 16, seed=3)), "gpu", tune=False)
     plan = compiled.plan
     ids = [b.id for b in plan.buffers]
     assert len(set(ids)) == len(ids) and min(ids) >= 0
@@ -112,7 +112,7 @@ def test_scratch_buffers_have_ids_of_their_own_and_the_largest_need() -> None:
 
 
 def test_outputs_and_replay_need_bound_inputs() -> None:
-    compiled = _conv_relu().compile(target="gpu", tune=False)
+    compiled = api.compile(_conv_relu(), "gpu", tune=False)
     with pytest.raises(RuntimeError, match="bind inputs first"):
         compiled.outputs()
     with pytest.raises(RuntimeError, match="bind inputs first"):

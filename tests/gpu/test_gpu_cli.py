@@ -8,6 +8,7 @@ import onnx
 import pytest
 from onnx import helper
 
+from fusegraph import api
 from fusegraph.driver.cli import main
 from tests.helpers import has_gpu, make_model, rand
 
@@ -55,7 +56,7 @@ def test_perf_line_shows_the_chosen_config_and_stays_readable(tmp_path):
     from fusegraph import parse_onnx
     from fusegraph.driver.perf import kernel_line
 
-    compiled = parse_onnx(onnx.load(_model(tmp_path))).compile(target="gpu", tune=False)
+    compiled = api.compile(parse_onnx(onnx.load(_model(tmp_path))), "gpu", tune=False)
     (k,) = compiled.kernels
     names = {id(ins): f"@{pos}" for pos, ins in enumerate(compiled.program.main.instructions)}
     plain, shown = kernel_line(k, 0.0125, 0.05, names), kernel_line(k, 0.0125, 0.05, names, config=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from tests.helpers import make_model, rand, rel_err
 
 TOL = 2e-5  # fp32 with exact (interpreter) or ieee (GPU) products
@@ -20,7 +20,7 @@ TOL = 2e-5  # fp32 with exact (interpreter) or ieee (GPU) products
 
 def check_gpu(model, tolerance: float = TOL, seed: int = 5, dtype=np.float32, **options):
     program = parse_onnx(model)
-    compiled = program.compile(target="gpu", tune=False, **options)
+    compiled = api.compile(program, "gpu", tune=False, **options)
     rng = np.random.default_rng(seed)
     inputs = {}
     for name, shape in program.input_shapes.items():
@@ -28,7 +28,7 @@ def check_gpu(model, tolerance: float = TOL, seed: int = 5, dtype=np.float32, **
             inputs[name] = rng.standard_normal(shape.lens).astype(shape.dtype.numpy)
         else:
             inputs[name] = rng.integers(0, 3, shape.lens).astype(shape.dtype.numpy)
-    want = program.run(inputs)
+    want = api.run(program, inputs)
     compiled.poison()
     got = compiled.run(inputs)
     for name in want:
@@ -134,7 +134,7 @@ def test_period_aligned_head_under_every_config(cin, per):
     them: no chunk may run into the next tap), 512 with split-k, a feature map (15 pixels) that
     ends inside a tile; periods of 85 and 40 also in two column pieces (64 + 32, 32 + 16)."""
     program = parse_onnx(_head(cin, h=3, w=5, per=per))
-    compiled = program.compile(target="gpu", tune=False)
+    compiled = api.compile(program, "gpu", tune=False)
     (k,) = compiled.kernels
     _run_configs(program, compiled, k.src.configs, np.random.default_rng())
     assert any(c.get("PIECES") for c in k.src.configs) == (per != 17)
@@ -150,7 +150,7 @@ def _run_configs(program, compiled, configs, rng) -> None:
         compiled.poison()
         got = compiled.run({name: x})["y"]
         assert not np.isnan(got).any(), config
-        assert rel_err(got, program.run({name: x})["y"]) < TOL, config
+        assert rel_err(got, api.run(program, {name: x})["y"]) < TOL, config
 
 
 def test_detection_head_in_column_pieces():
@@ -158,7 +158,7 @@ def test_detection_head_in_column_pieces():
     concat stores (xy, wh, classes) each cover part of the columns: every default candidate,
     whole and in pieces, against the reference target on fresh random inputs."""
     program = parse_onnx(_full_head(85, 3, 5))
-    compiled = program.compile(target="gpu", tune=False)
+    compiled = api.compile(program, "gpu", tune=False)
     (k,) = compiled.kernels
     tried = k.src.configs[:k.src.default_tune]
     assert {c["PIECES"] for c in tried} == {0, 1}
@@ -264,11 +264,11 @@ def test_fp16_mode_matches_fp32_reference():
                     node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["y"])],
                    {"x": [1, 8, 6, 7]}, ["y"], {"w": w, "b": rand(16, seed=3)})
     program = parse_onnx(m)
-    compiled = program.compile(target="gpu", tune=False, fp16=True)
+    compiled = api.compile(program, "gpu", tune=False, fp16=True)
     x = np.random.default_rng(1).standard_normal((1, 8, 6, 7)).astype(np.float32)
     got = compiled.run({"x": x})["y"]
     assert got.dtype == np.float16
-    assert rel_err(got, program.run({"x": x})["y"]) < 1e-2
+    assert rel_err(got, api.run(program, {"x": x})["y"]) < 1e-2
 
 
 def test_memory_plan_reuses_the_arena():
@@ -291,7 +291,7 @@ def test_split_k_sums_partials_and_leaves_the_workspace_zeroed():
                     node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["y"])],
                    {"x": [1, 64, 4, 4]}, ["y"], {"w": rand(32, 64, 3, 3, seed=2, scale=0.1), "b": rand(32, seed=3)})
     program = parse_onnx(m)
-    compiled = program.compile(target="gpu", tune=False)
+    compiled = api.compile(program, "gpu", tune=False)
     (k,) = compiled.kernels
     split = [c for c in k.src.configs if c["SPLIT"] > 1]
     assert split, k.src.configs
@@ -301,7 +301,7 @@ def test_split_k_sums_partials_and_leaves_the_workspace_zeroed():
         x = rng.standard_normal((1, 64, 4, 4)).astype(np.float32)
         compiled.poison()
         got = compiled.run({"x": x})["y"]
-        assert rel_err(got, program.run({"x": x})["y"]) < TOL
+        assert rel_err(got, api.run(program, {"x": x})["y"]) < TOL
     ws, cnt = (compiled.bound.tensor(compiled.plan.scratch[name]) for name in ("ws", "cnt"))
     assert not ws.any() and not cnt.any()
 

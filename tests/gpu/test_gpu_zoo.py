@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.driver.inputs import random_inputs
 from tests.helpers import has_gpu, rel_err
 
@@ -26,9 +26,9 @@ SLOW = ["yolov5s-bn-160", "light_squeezenet", "light_inception_v1", "light_shuff
 
 def _check(name: str, fp16: bool = False) -> None:
     program = parse_onnx(name)
-    compiled = program.compile(target="gpu", tune=False, fp16=fp16)
+    compiled = api.compile(program, "gpu", tune=False, fp16=fp16)
     inputs = random_inputs(program.input_shapes, seed=11)
-    want = program.run(inputs)
+    want = api.run(program, inputs)
     compiled.poison()
     got = compiled.run(inputs)
     for out, value in want.items():

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Module
 from fusegraph.ir.shape import Shape
 from fusegraph.ops.anchors import Convolution
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast, Reshape, Slice, Transpose, view_strides
 from tests.helpers import make_model, rand
 
@@ -54,8 +55,8 @@ def test_reshape_of_transposed_view_is_exact(lens, perm, new):
 
 def test_printer_reads_like_migraphx():
     m = Module()
-    x = m.add_param("x", Shape.of(DType.float32, [1, 3, 640, 640]))
-    w = m.add_literal(rand(32, 3, 6, 6))
+    x = add_param(m, "x", Shape.of(DType.float32, [1, 3, 640, 640]))
+    w = add_literal(m, rand(32, 3, 6, 6))
     c = m.add(Convolution([2, 2, 2, 2], [2, 2], [1, 1]), [x, w])
     m.set_returns([c], ["y"])
     assert str(m).splitlines() == [
@@ -84,4 +85,4 @@ def test_shape_subgraph_folds_to_a_literal():
     assert names == ["@param", "reshape"]
     assert program.main.instructions[1].op.attrs["dims"] == (2, 12)
     x = rand(2, 3, 4)
-    np.testing.assert_array_equal(program.run({"x": x})["y"], x.reshape(2, 12))
+    np.testing.assert_array_equal(api.run(program, {"x": x})["y"], x.reshape(2, 12))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusegraph import parse_onnx, zoo
+from fusegraph import api, parse_onnx, zoo
 from fusegraph.driver.inputs import random_inputs
 from fusegraph.driver.verify import compare, run_onnxruntime
 
@@ -18,7 +18,7 @@ def test_ref_matches_onnxruntime(name):
     model = zoo.load(name)
     program = parse_onnx(model)
     inputs = random_inputs(program.input_shapes, seed=7)
-    ours = program.run(inputs)
+    ours = api.run(program, inputs)
     theirs = run_onnxruntime(model.SerializeToString(), inputs)
     for out, value in ours.items():
         c = compare(out, value, theirs[out], 1e-5)

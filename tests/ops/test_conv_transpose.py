@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.errors import ParseError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Program
@@ -21,6 +21,7 @@ from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
 from fusegraph.ops.anchors import ConvTranspose
 from fusegraph.ops.pointwise import BatchNorm
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.fold_into_weights import FoldIntoWeights
 from fusegraph.passes.pipeline import fuse
@@ -85,7 +86,7 @@ def test_gpu_matches_onnxruntime(x_shape, cout, kernel, attrs, epilogue):
     model = _model(x_shape, cout, kernel, attrs, epilogue)
     x = _x(x_shape)
     (want,) = ort_run(model, {"x": x})
-    compiled = parse_onnx(model).compile(target="gpu", tune=False)
+    compiled = api.compile(parse_onnx(model), "gpu", tune=False)
     assert [k.src.template for k in compiled.kernels] == ["gemm"]  # one kernel, the epilogue fused
     compiled.poison()
     got = np.asarray(compiled.run({"x": x})["y"])
@@ -99,12 +100,12 @@ def _transposed(group: int, epilogue: str) -> Program:
     rng = np.random.default_rng(11)
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [1, 4, 3, 3]))
-    w = m.add_literal(rng.standard_normal((4, 6 // group, 3, 3)).astype(np.float32))
+    x = add_param(m, "x", Shape.of(DType.float32, [1, 4, 3, 3]))
+    w = add_literal(m, rng.standard_normal((4, 6 // group, 3, 3)).astype(np.float32))
     c = m.add(ConvTranspose((2, 2), (1, 1, 0, 0), (1, 1), group), [x, w])
 
     def const(v):
-        return m.add(MultiBroadcast(c.shape.lens), [m.add_literal(v.reshape(1, 6, 1, 1).astype(np.float32))])
+        return m.add(MultiBroadcast(c.shape.lens), [add_literal(m, v.reshape(1, 6, 1, 1).astype(np.float32))])
 
     if epilogue == "mul":
         out = m.add(make_op("mul"), [c, const(rng.standard_normal(6))])

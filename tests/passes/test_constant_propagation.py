@@ -10,6 +10,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast, Transpose
 from fusegraph.passes.constant_propagation import ConstantPropagation
 from tests.helpers import assert_same_results, op_names, printed
@@ -19,10 +20,10 @@ def literal_chain() -> Program:
     """y = x + neg(transpose(a) * b), where the part after x is computed from literals only."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [3, 2]))
-    a = m.add_literal(np.arange(6, dtype=np.float32).reshape(2, 3))
+    x = add_param(m, "x", Shape.of(DType.float32, [3, 2]))
+    a = add_literal(m, np.arange(6, dtype=np.float32).reshape(2, 3))
     t = m.add(Transpose([1, 0]), [a])
-    b = m.add_literal(np.full((3, 2), 0.5, np.float32))
+    b = add_literal(m, np.full((3, 2), 0.5, np.float32))
     k = m.add(make_op("mul"), [t, b])
     n = m.add(make_op("neg"), [k])
     y = m.add(make_op("add"), [x, n])
@@ -49,8 +50,8 @@ def test_a_chain_of_literal_ops_becomes_one_literal():
 def broadcast_of_scalar(lens: tuple[int, ...]) -> Program:
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, lens))
-    c = m.add_literal(np.float32(3.0))
+    x = add_param(m, "x", Shape.of(DType.float32, lens))
+    c = add_literal(m, np.float32(3.0))
     b = m.add(MultiBroadcast(lens), [c])
     y = m.add(make_op("mul"), [x, b])
     m.set_returns([y], ["y"])
@@ -75,8 +76,8 @@ def test_a_large_broadcast_of_a_scalar_stays_a_view():
 def test_instructions_reading_a_parameter_are_not_folded():
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2]))
-    c = m.add_literal(np.ones(2, np.float32))
+    x = add_param(m, "x", Shape.of(DType.float32, [2]))
+    c = add_literal(m, np.ones(2, np.float32))
     m.set_returns([m.add(make_op("add"), [x, c])], ["y"])
     text = str(p)
     assert not ConstantPropagation().apply(m)

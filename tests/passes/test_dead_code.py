@@ -9,6 +9,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.passes.dead_code import DeadCodeElimination
 from tests.helpers import assert_same_results, op_names, printed
 
@@ -18,11 +19,11 @@ def with_dead_branch() -> Program:
     and parameter z is read by nothing."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
-    m.add_param("z", Shape.of(DType.float32, [4]))
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
+    add_param(m, "z", Shape.of(DType.float32, [4]))
     n = m.add(make_op("neg"), [x])
     e = m.add(make_op("exp"), [n])
-    c = m.add_literal(np.full((2, 3), 2.0, np.float32))
+    c = add_literal(m, np.full((2, 3), 2.0, np.float32))
     m.add(make_op("add"), [e, c])
     y = m.add(make_op("sigmoid"), [x])
     m.set_returns([y], ["y"])
@@ -48,7 +49,7 @@ def test_every_ancestor_of_a_return_is_kept():
     def build() -> Program:
         p = Program()
         m = p.main
-        x = m.add_param("x", Shape.of(DType.float32, [3]))
+        x = add_param(m, "x", Shape.of(DType.float32, [3]))
         a = m.add(make_op("neg"), [x])
         b = m.add(make_op("exp"), [a])
         c = m.add(make_op("mul"), [b, a])

@@ -9,6 +9,7 @@ from fusegraph.ir.program import Instruction, Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
 from fusegraph.ops.movement import Concat
+from fusegraph.ops.source import add_param
 from fusegraph.ops.views import Slice
 from fusegraph.passes.eliminate_concat import EliminateConcat
 from fusegraph.passes.fuse_pointwise import FusePointwise
@@ -30,8 +31,8 @@ def three_parts(return_exp: bool = False) -> Program:
     """tanh(concat(exp(x), neg(z), z)) along rows, after pointwise fusion."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
-    z = m.add_param("z", Shape.of(DType.float32, [1, 3]))
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
+    z = add_param(m, "z", Shape.of(DType.float32, [1, 3]))
     e = m.add(make_op("exp"), [x])
     c = m.add(Concat(0), [e, m.add(make_op("neg"), [z]), z])
     y = m.add(make_op("tanh"), [c])
@@ -80,8 +81,8 @@ def test_a_kernel_computing_more_than_its_slot_extends_the_buffer():
     def build() -> Program:
         p = Program()
         m = p.main
-        x = m.add_param("x", Shape.of(DType.float32, [4, 3]))
-        z = m.add_param("z", Shape.of(DType.float32, [1, 3]))
+        x = add_param(m, "x", Shape.of(DType.float32, [4, 3]))
+        z = add_param(m, "z", Shape.of(DType.float32, [1, 3]))
         k = m.add(make_op("exp"), [x])
         c = m.add(Concat(0), [m.add(make_op("neg"), [z]), m.add(Slice([0], [0], [2]), [k])])
         w = m.add(make_op("sin"), [m.add(Slice([0], [2], [4]), [k])])
@@ -104,7 +105,7 @@ def test_a_kernel_computing_more_than_its_slot_extends_the_buffer():
 def test_a_program_without_concat_is_left_as_it_is():
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
     m.set_returns([m.add(make_op("exp"), [x])], ["y"])
     _fused(p)
     text = str(p)

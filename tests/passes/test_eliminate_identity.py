@@ -11,13 +11,14 @@ from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
 from fusegraph.ops.pointwise import Convert
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast, Reshape, Slice, Transpose
 from fusegraph.passes.eliminate_identity import EliminateIdentity
 from tests.helpers import assert_same_results, op_names, printed
 
 
 def _const(m, value: float, lens):
-    return m.add(MultiBroadcast(lens), [m.add_literal(np.float32(value))])
+    return m.add(MultiBroadcast(lens), [add_literal(m, np.float32(value))])
 
 
 def no_op_chain() -> Program:
@@ -26,7 +27,7 @@ def no_op_chain() -> Program:
     p = Program()
     m = p.main
     lens = (2, 3)
-    v = m.add_param("x", Shape.of(DType.float32, lens))
+    v = add_param(m, "x", Shape.of(DType.float32, lens))
     v = m.add(Reshape(lens), [v])
     v = m.add(Transpose([0, 1]), [v])
     v = m.add(Slice([1], [0], [3]), [v])
@@ -54,8 +55,8 @@ def changing_ops() -> Program:
     convert to float16."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
-    r = m.add_param("r", Shape.of(DType.float32, [1, 3]))
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
+    r = add_param(m, "r", Shape.of(DType.float32, [1, 3]))
     a = m.add(make_op("sub"), [_const(m, 0.0, (2, 3)), x])
     b = m.add(make_op("mul"), [a, _const(m, 2.0, (2, 3))])
     c = m.add(make_op("add"), [m.add(MultiBroadcast((2, 3)), [r]), _const(m, 0.0, (2, 3))])
@@ -78,7 +79,7 @@ def test_a_dropped_identity_that_is_returned_returns_its_input():
     def build() -> Program:
         p = Program()
         m = p.main
-        x = m.add_param("x", Shape.of(DType.float32, [4]))
+        x = add_param(m, "x", Shape.of(DType.float32, [4]))
         e = m.add(make_op("exp"), [x])
         m.set_returns([m.add(make_op("mul"), [e, _const(m, 1.0, (4,))])], ["y"])
         return p

@@ -11,6 +11,7 @@ from fusegraph.ir.program import Module, Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
 from fusegraph.ops.pointwise import BatchNorm
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.fold_into_weights import FoldIntoWeights
 from tests.helpers import assert_same_results, op_names, rand
@@ -19,11 +20,11 @@ TOLERANCE = 1e-5  # the folded weights are rounded to float32 once, the unfolded
 
 
 def _const(m: Module, value: np.ndarray, lens) -> object:
-    return m.add(MultiBroadcast(lens), [m.add_literal(value.astype(np.float32))])
+    return m.add(MultiBroadcast(lens), [add_literal(m, value.astype(np.float32))])
 
 
 def _conv(m: Module, x, out_channels: int, seed: int):
-    w = m.add_literal(rand(out_channels, x.shape.lens[1], 3, 3, seed=seed))
+    w = add_literal(m, rand(out_channels, x.shape.lens[1], 3, 3, seed=seed))
     return m.add(make_op("convolution", padding=(1, 1, 1, 1), stride=(1, 1), dilation=(1, 1)), [x, w])
 
 
@@ -31,7 +32,7 @@ def conv_bias_bn(returns_conv: bool = False) -> Program:
     """batch_norm(conv(x, W) + b) with per-channel parameters broadcast to the feature map."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [1, 2, 5, 5]))
+    x = add_param(m, "x", Shape.of(DType.float32, [1, 2, 5, 5]))
     c = _conv(m, x, 3, seed=1)
     lens = c.shape.lens
     a = m.add(make_op("add"), [c, _const(m, rand(1, 3, 1, 1, seed=2), lens)])
@@ -66,11 +67,11 @@ def scaled(anchor: str, scale: np.ndarray, weights_literal: bool = True) -> Prog
     p = Program()
     m = p.main
     if anchor == "convolution":
-        x = m.add_param("x", Shape.of(DType.float32, [1, 2, 4, 4]))
+        x = add_param(m, "x", Shape.of(DType.float32, [1, 2, 4, 4]))
         out = _conv(m, x, 3, seed=7)
     else:
-        x = m.add_param("x", Shape.of(DType.float32, [2, 5, 4]))
-        w = m.add_literal(rand(2, 4, 3, seed=8)) if weights_literal else m.add_param("w", Shape.of(DType.float32, [2, 4, 3]))
+        x = add_param(m, "x", Shape.of(DType.float32, [2, 5, 4]))
+        w = add_literal(m, rand(2, 4, 3, seed=8)) if weights_literal else add_param(m, "w", Shape.of(DType.float32, [2, 4, 3]))
         out = m.add(make_op("dot"), [x, w])
     y = m.add(make_op("mul"), [_const(m, scale, out.shape.lens), out])  # the scale may come first
     m.set_returns([m.add(make_op("relu"), [y])], ["y"])

@@ -12,6 +12,7 @@ from fusegraph.ir.program import Instruction, Module, Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
 from fusegraph.ops.movement import Concat, Pad, Resize
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast, Transpose
 from fusegraph.passes.fuse_anchors import FuseAnchors, FuseMovement, FuseReductions
 from tests.helpers import assert_same_results, op_names, printed, rand
@@ -20,12 +21,12 @@ TOLERANCE = 1e-6  # fused groups compute the same ops on the same values, elemen
 
 
 def _conv(m: Module, x: Instruction, out_channels: int) -> Instruction:
-    w = m.add_literal(rand(out_channels, x.shape.lens[1], 1, 1, seed=1))
+    w = add_literal(m, rand(out_channels, x.shape.lens[1], 1, 1, seed=1))
     return m.add(make_op("convolution", padding=(0, 0, 0, 0), stride=(1, 1), dilation=(1, 1)), [x, w])
 
 
 def _bias(m: Module, lens) -> Instruction:
-    return m.add(MultiBroadcast(lens), [m.add_literal(rand(1, lens[1], 1, 1, seed=2))])
+    return m.add(MultiBroadcast(lens), [add_literal(m, rand(1, lens[1], 1, 1, seed=2))])
 
 
 def _store_maps(fused: Instruction) -> list[str]:
@@ -36,7 +37,7 @@ def conv_epilogue() -> Program:
     """reduce_sum(transpose(relu(conv(x) + b))) over channels."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [1, 2, 4, 4]))
+    x = add_param(m, "x", Shape.of(DType.float32, [1, 2, 4, 4]))
     c = _conv(m, x, 3)
     r = m.add(make_op("relu"), [m.add(make_op("add"), [c, _bias(m, c.shape.lens)])])
     t = m.add(Transpose([0, 2, 3, 1]), [r])
@@ -65,7 +66,7 @@ def test_an_epilogue_stops_at_a_value_computed_from_the_anchor_elsewhere():
     def build() -> Program:
         p = Program()
         m = p.main
-        x = m.add_param("x", Shape.of(DType.float32, [1, 2, 3, 3]))
+        x = add_param(m, "x", Shape.of(DType.float32, [1, 2, 3, 3]))
         c = _conv(m, x, 3)
         r = m.add(make_op("relu"), [c])
         s = m.add(MultiBroadcast(c.shape.lens), [m.add(make_op("reduce_sum", axes=[1]), [c])])
@@ -91,9 +92,9 @@ def reduction_program() -> Program:
     """reduce_mean(exp(x)) over the last axis, times 2."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [3, 5]))
+    x = add_param(m, "x", Shape.of(DType.float32, [3, 5]))
     s = m.add(make_op("reduce_mean", axes=[1]), [m.add(make_op("exp"), [x])])
-    two = m.add(MultiBroadcast(s.shape.lens), [m.add_literal(np.float32(2.0))])
+    two = m.add(MultiBroadcast(s.shape.lens), [add_literal(m, np.float32(2.0))])
     m.set_returns([m.add(make_op("mul"), [s, two])], ["y"])
     return p
 
@@ -126,7 +127,7 @@ def movement_program() -> Program:
     """pad(sigmoid(x)), concatenated with a nearest 2x upsampling of x (a view) and negated."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [1, 2, 3, 3]))
+    x = add_param(m, "x", Shape.of(DType.float32, [1, 2, 3, 3]))
     padded = m.add(Pad([0, 0, 1, 2, 0, 0, 2, 1]), [m.add(make_op("sigmoid"), [x])])
     up = m.add(Resize([1, 2, 6, 6], [1.0, 1.0, 2.0, 2.0], coordinate_transformation_mode="asymmetric"), [x])
     cat = m.add(Concat(1), [padded, up])

@@ -11,6 +11,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast, Transpose
 from fusegraph.passes.fuse_pointwise import FusePointwise
 from tests.helpers import assert_same_results, op_names, printed
@@ -22,8 +23,8 @@ def chain() -> Program:
     """transpose(sigmoid(x + 1)), the transpose returned."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
-    one = m.add(MultiBroadcast((2, 3)), [m.add_literal(np.float32(1.0))])
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
+    one = m.add(MultiBroadcast((2, 3)), [add_literal(m, np.float32(1.0))])
     s = m.add(make_op("sigmoid"), [m.add(make_op("add"), [x, one])])
     m.set_returns([m.add(Transpose([1, 0]), [s])], ["y"])
     return p
@@ -52,7 +53,7 @@ def test_producers_are_read_through_views_inside_the_kernel():
     def build() -> Program:
         p = Program()
         m = p.main
-        x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
+        x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
         t = m.add(Transpose([1, 0]), [m.add(make_op("exp"), [x])])
         m.set_returns([m.add(make_op("relu"), [t])], ["y"])
         return p
@@ -71,7 +72,7 @@ def test_two_roots_each_recompute_a_shared_producer():
     def build() -> Program:
         p = Program()
         m = p.main
-        e = m.add(make_op("exp"), [m.add_param("x", Shape.of(DType.float32, [4]))])
+        e = m.add(make_op("exp"), [add_param(m, "x", Shape.of(DType.float32, [4]))])
         m.set_returns([m.add(make_op("neg"), [e]), m.add(make_op("sin"), [e])], ["a", "b"])
         return p
 
@@ -87,7 +88,7 @@ def test_a_value_read_by_a_reduction_is_a_kernel_of_its_own():
     def build() -> Program:
         p = Program()
         m = p.main
-        e = m.add(make_op("exp"), [m.add_param("x", Shape.of(DType.float32, [3, 4]))])
+        e = m.add(make_op("exp"), [add_param(m, "x", Shape.of(DType.float32, [3, 4]))])
         s = m.add(make_op("reduce_sum", axes=[1]), [e])
         m.set_returns([m.add(make_op("neg"), [s])], ["y"])
         return p
@@ -102,7 +103,7 @@ def test_a_value_read_by_a_reduction_is_a_kernel_of_its_own():
 def test_views_and_reductions_alone_are_not_fused():
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [3, 4]))
+    x = add_param(m, "x", Shape.of(DType.float32, [3, 4]))
     s = m.add(make_op("reduce_max", axes=[0]), [m.add(Transpose([1, 0]), [x])])
     m.set_returns([s], ["y"])
     text = str(p)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from fusegraph import parse_onnx, zoo
+from fusegraph import api, parse_onnx, zoo
 from fusegraph.driver.inputs import random_inputs
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.passes.pipeline import count_kernels, fuse
@@ -28,7 +28,7 @@ def check_fused_equals_unfused(model, tolerance: float = 1e-6, seed: int = 3) ->
     fused = parse_onnx(model)
     fuse(fused)
     inputs = random_inputs(plain.input_shapes, seed)
-    want, got = plain.run(inputs), fused.run(inputs)
+    want, got = api.run(plain, inputs), api.run(fused, inputs)
     for name in want:
         assert not np.isnan(got[name]).any(), f"{name}: elements left unwritten (NaN)"
         assert rel_err(got[name], want[name]) <= tolerance, name
@@ -68,7 +68,7 @@ def test_gemm_reshape_transpose_pointwise_is_one_kernel():
     assert [str(e) for e in store.op.attrs["map"].exprs] == ["i0", "(i1 % 4)", "(i1 // 4)"]
     x = rand(6, 8, seed=5)
     (want,) = ort_run(model, {"x": x})
-    assert rel_err(program.run({"x": x})["y"], want) < 1e-6
+    assert rel_err(api.run(program, {"x": x})["y"], want) < 1e-6
 
 
 def test_conv_reshape_transpose_sigmoid_is_one_kernel():

@@ -11,6 +11,7 @@ from fusegraph.ir.index_map import identity_map
 from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
+from fusegraph.ops.source import add_param
 from fusegraph.ops.views import Reshape, Transpose
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
 from tests.helpers import assert_same_results, op_names, printed
@@ -20,7 +21,7 @@ def viewed() -> Program:
     """relu(reshape(transpose(exp(x))))."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
     e = m.add(make_op("exp"), [x])
     v = m.add(Reshape([6]), [m.add(Transpose([1, 0]), [e])])
     m.set_returns([m.add(make_op("relu"), [v])], ["y"])
@@ -70,8 +71,8 @@ def test_an_accepted_pointwise_producer_is_recomputed_inside():
 def test_a_value_gathered_twice_is_loaded_once_and_unread_inputs_are_dropped():
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [4]))
-    z = m.add_param("z", Shape.of(DType.float32, [4]))
+    x = add_param(m, "x", Shape.of(DType.float32, [4]))
+    z = add_param(m, "z", Shape.of(DType.float32, [4]))
     y = m.add(make_op("mul"), [x, x])
     m.set_returns([y], ["y"])
     b = GroupBuilder(group_name(m))
@@ -86,7 +87,7 @@ def test_a_value_gathered_twice_is_loaded_once_and_unread_inputs_are_dropped():
 
 def test_an_empty_tensor_cannot_be_gathered():
     p = Program()
-    x = p.main.add_param("x", Shape.of(DType.float32, [0, 3]))
+    x = add_param(p.main, "x", Shape.of(DType.float32, [0, 3]))
     with pytest.raises(Unfusable):
         GroupBuilder("g").gather(x)
 

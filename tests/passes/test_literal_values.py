@@ -9,6 +9,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Module
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.literal_values import broadcast_literal, per_channel
 from tests.helpers import rand
@@ -17,7 +18,7 @@ from tests.helpers import rand
 def test_a_literal_is_read_through_a_chain_of_broadcasts_at_the_outer_rank():
     m = Module()
     v = rand(3, 1, seed=1)
-    b = m.add(MultiBroadcast((1, 3, 4)), [m.add(MultiBroadcast((3, 4)), [m.add_literal(v)])])
+    b = m.add(MultiBroadcast((1, 3, 4)), [m.add(MultiBroadcast((3, 4)), [add_literal(m, v)])])
     got = broadcast_literal(b)
     assert got.shape == (1, 3, 1)
     np.testing.assert_array_equal(got.reshape(3), v.reshape(3))
@@ -25,7 +26,7 @@ def test_a_literal_is_read_through_a_chain_of_broadcasts_at_the_outer_rank():
 
 def test_a_computed_value_has_no_literal_value():
     m = Module()
-    x = m.add_param("x", Shape.of(DType.float32, [3]))
+    x = add_param(m, "x", Shape.of(DType.float32, [3]))
     assert broadcast_literal(x) is None
     assert broadcast_literal(m.add(MultiBroadcast((2, 3)), [m.add(make_op("neg"), [x])])) is None
 

@@ -11,6 +11,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Module, Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.eliminate_identity import EliminateIdentity
@@ -33,9 +34,9 @@ def times_one() -> Program:
     """exp(x) * 1, with a dead neg(x)."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [3]))
+    x = add_param(m, "x", Shape.of(DType.float32, [3]))
     m.add(make_op("neg"), [x])
-    one = m.add(MultiBroadcast((3,)), [m.add_literal(np.float32(1.0))])
+    one = m.add(MultiBroadcast((3,)), [add_literal(m, np.float32(1.0))])
     m.set_returns([m.add(make_op("mul"), [m.add(make_op("exp"), [x]), one])], ["y"])
     return p
 

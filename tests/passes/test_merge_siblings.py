@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.driver.inputs import random_inputs
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.passes.manager import run_passes
@@ -59,7 +59,7 @@ def check_fused_equals_unfused(model, tolerance: float = 1e-6) -> Program:
     plain, fused = parse_onnx(model), parse_onnx(model)
     fuse(fused)
     inputs = random_inputs(plain.input_shapes, seed=3)
-    want, got = plain.run(inputs), fused.run(inputs)
+    want, got = api.run(plain, inputs), api.run(fused, inputs)
     for name in want:
         assert not np.isnan(got[name]).any(), f"{name}: elements left unwritten (NaN)"
         assert rel_err(got[name], want[name]) <= tolerance, name

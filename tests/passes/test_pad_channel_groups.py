@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.driver.inputs import random_inputs
 from fusegraph.passes.manager import run_passes
 from fusegraph.passes.pad_channel_groups import PadChannelGroups, _pad_rows
@@ -66,7 +66,7 @@ def test_padded_program_computes_what_the_original_does(bias):
     fuse(fused)
     assert convs(fused) == [] and [i.op.name for i in fused.main].count("fused") == 1
     inputs = random_inputs(plain.input_shapes, seed=5)
-    want, got = plain.run(inputs), fused.run(inputs)
+    want, got = api.run(plain, inputs), api.run(fused, inputs)
     assert not np.isnan(got["y"]).any()
     assert rel_err(got["y"], want["y"]) <= 1e-6
 

@@ -9,6 +9,7 @@ from fusegraph import parse_onnx
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
+from fusegraph.ops.source import add_param
 from fusegraph.passes.pipeline import (canonicalize_passes, compile_program, count_kernels, default_pipeline, fuse,
                                        fusion_passes)
 from tests.helpers import assert_same_results, make_model, op_names, rand
@@ -60,7 +61,7 @@ def test_compile_program_reports_the_kernels_and_the_pass_times():
 
 def test_a_program_that_computes_nothing_gets_no_kernel():
     p = Program()
-    x = p.main.add_param("x", Shape.of(DType.float32, [2, 2]))
+    x = add_param(p.main, "x", Shape.of(DType.float32, [2, 2]))
     p.main.set_returns([x], ["y"])
     text = str(p)
     fuse(p)

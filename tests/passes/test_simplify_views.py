@@ -8,6 +8,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
+from fusegraph.ops.source import add_param
 from fusegraph.ops.views import Flatten, Reshape, Squeeze, Transpose, Unsqueeze
 from fusegraph.passes.simplify_views import SimplifyViews
 from tests.helpers import assert_same_results, op_names, printed
@@ -17,7 +18,7 @@ def reshape_chain() -> Program:
     """exp(x) through unsqueeze, reshape, flatten and squeeze."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3, 4]))
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3, 4]))
     v = m.add(make_op("exp"), [x])
     v = m.add(Unsqueeze([0]), [v])
     v = m.add(Reshape([1, 6, 4]), [v])
@@ -44,7 +45,7 @@ def test_a_reshape_chain_becomes_one_reshape():
 def transposes(inner: list[int], outer: list[int]) -> Program:
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3, 4]))
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3, 4]))
     t = m.add(Transpose(outer), [m.add(Transpose(inner), [x])])
     m.set_returns([m.add(make_op("sigmoid"), [t])], ["y"])
     return p
@@ -74,7 +75,7 @@ def test_views_of_a_transposed_input_are_not_merged():
     def build() -> Program:
         p = Program()
         m = p.main
-        x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
+        x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
         t = m.add(Transpose([1, 0]), [x])
         u = m.add(Unsqueeze([0]), [t])
         r = m.add(Reshape([6]), [u])

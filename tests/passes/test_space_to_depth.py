@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.driver.inputs import random_inputs
 from fusegraph.passes.space_to_depth import SpaceToDepth, block_stride
 from tests.helpers import make_model, rand, rel_err
@@ -41,9 +41,9 @@ def test_rewrite_computes_the_same_convolution(c, k, s, pads, hw):
     assert conv.op.attrs["stride"] == (1, 1) and conv.inputs[1].shape.lens[1] % 16 == 0
     assert conv.inputs[0].op.name == "pad"
     inputs = random_inputs(plain.input_shapes, seed=3)
-    want = plain.run(inputs)["y"]
-    assert rel_err(rewritten.run(inputs)["y"], want) < 1e-5
-    compiled = parse_onnx(model).compile(target="gpu", tune=False)
+    want = api.run(plain, inputs)["y"]
+    assert rel_err(api.run(rewritten, inputs)["y"], want) < 1e-5
+    compiled = api.compile(parse_onnx(model), "gpu", tune=False)
     assert any(k.src.name.endswith("_pad") for k in compiled.kernels)
     assert rel_err(compiled.run(inputs)["y"], want) < 2e-5
 

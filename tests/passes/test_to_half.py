@@ -12,6 +12,7 @@ from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
 from fusegraph.ops.pointwise import Convert
+from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.to_half import ToHalf
 from tests.helpers import assert_same_results, printed
@@ -21,9 +22,9 @@ def mixed() -> Program:
     """y = tanh(x * w) + float(k), with an int32 input k converted to float32."""
     p = Program()
     m = p.main
-    x = m.add_param("x", Shape.of(DType.float32, [2, 3]))
-    k = m.add_param("k", Shape.of(DType.int32, [2, 3]))
-    w = m.add(MultiBroadcast((2, 3)), [m.add_literal(np.array([0.5, -1.25, 2.0], np.float32))])
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
+    k = add_param(m, "k", Shape.of(DType.int32, [2, 3]))
+    w = m.add(MultiBroadcast((2, 3)), [add_literal(m, np.array([0.5, -1.25, 2.0], np.float32))])
     t = m.add(make_op("tanh"), [m.add(make_op("mul"), [x, w])])
     y = m.add(make_op("add"), [t, m.add(Convert(DType.float32), [k])])
     m.set_returns([y], ["y"])
@@ -64,8 +65,8 @@ def test_an_integer_program_is_left_as_it_is():
     def build() -> Program:
         p = Program()
         m = p.main
-        k = m.add_param("k", Shape.of(DType.int64, [4]))
-        c = m.add_literal(np.arange(4, dtype=np.int64))
+        k = add_param(m, "k", Shape.of(DType.int64, [4]))
+        c = add_literal(m, np.arange(4, dtype=np.int64))
         f = m.add(Convert(DType.int32), [m.add(make_op("add"), [k, c])])
         m.set_returns([f], ["y"])
         return p

@@ -6,14 +6,17 @@ after their last reader, no layout tricks (views are computed as NumPy views).
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Mapping
 
 import numpy as np
 
 from fusegraph.errors import InputError
+from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module, Program
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import is_param
+from fusegraph.ops.base import is_fused, is_param
+from fusegraph.passes.to_half import ToHalf
 
 
 def check_inputs(params: Mapping[str, Shape], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -64,7 +67,7 @@ def run_module(module: Module, args: Mapping[Instruction, np.ndarray] | None = N
                 values[id(ins)] = params[ins.op.attrs["name"]]
             else:
                 try:
-                    values[id(ins)] = ins.op.reference([values[id(x)] for x in ins.inputs])
+                    values[id(ins)] = _evaluate(ins, [values[id(x)] for x in ins.inputs])
                 except KeyError:
                     raise RuntimeError(f"instruction {ins.op} reads a value that is not computed yet") from None
             for x in ins.inputs:
@@ -73,9 +76,54 @@ def run_module(module: Module, args: Mapping[Instruction, np.ndarray] | None = N
     return [values[id(r)] for r in module.returns]
 
 
+def _evaluate(ins: Instruction, args: list[np.ndarray]) -> np.ndarray:
+    """One instruction's value: a fused group runs its sub-module on its inputs, any other op its
+    own NumPy reference."""
+    if is_fused(ins):
+        sub = ins.op.module  # type: ignore[attr-defined]
+        (out,) = run_module(sub, args=dict(zip(sub.params.values(), args)))
+        return out
+    return ins.op.reference(args)
+
+
 def run_program(program: Program, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Run the main module with checked inputs; returns outputs by their ONNX names."""
     checked = check_inputs(program.input_shapes, inputs)
     results = run_module(program.main, params=checked)
     # np.asarray keeps 0-d results 0-d (np.ascontiguousarray would make them 1-d)
     return {name: np.asarray(v, order="C") for name, v in zip(program.main.return_names, results)}
+
+
+class RefProgram:
+    """A program compiled for the ref target: nothing is generated, each run evaluates it.
+
+    It answers `input_shapes`, `output_names` and `run` as the gpu target's CompiledProgram does,
+    so code that runs a compiled program works on either target.
+    """
+
+    target = "ref"
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+
+    @property
+    def input_shapes(self) -> dict[str, Shape]:
+        return self.program.input_shapes
+
+    @property
+    def output_names(self) -> list[str]:
+        return self.program.output_names
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Outputs by their ONNX names; inputs are checked by name, shape and dtype."""
+        return run_program(self.program, inputs)
+
+
+def compile_ref(program: Program, *, fp16: bool = False, bf16: bool = False) -> RefProgram:
+    """`program` for the ref target; fp16/bf16 convert a copy's weights and inputs first, as the
+    gpu target does, so the reference shows what the lower precision alone changes."""
+    if not (fp16 or bf16):
+        return RefProgram(program)
+    half = copy.deepcopy(program)
+    ToHalf(DType.bfloat16 if bf16 else DType.float16).apply(half.main)
+    return RefProgram(half)

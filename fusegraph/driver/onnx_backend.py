@@ -2,8 +2,9 @@
 
 `prepare` parses the model (unsupported ops and attributes surface there, as
 `UnsupportedOpError` / `ParseError`), and the returned rep runs it on the NumPy reference
-target. fusegraph compiles for fixed shapes, so a rep specializes the program to what it is run
-with, once per distinct specialization:
+target (or, for `GpuFusegraphBackend`, the gpu target), all through `fusegraph.api`. fusegraph
+compiles for fixed shapes, so a rep specializes the program to what it is run with, once per
+distinct specialization:
 
 - input shapes: the first program uses the model's declared shapes; a run with other shapes (or
   a model with symbolic dimensions) parses again with those shapes;
@@ -23,15 +24,17 @@ import onnx
 from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
+from fusegraph import api
 from fusegraph.errors import DynamicValueError, InputError
-from fusegraph.ir.program import Program
-from fusegraph.onnx.importer import parse_onnx
 
 Key = tuple[tuple[Any, ...], ...]
 
 
 class FusegraphRep(BackendRep):
-    """A prepared model: one Program per distinct specialization it has been run with."""
+    """A prepared model: one compiled program per distinct specialization it has been run with."""
+
+    #: the target the specializations are compiled for
+    target = "ref"
 
     def __init__(self, model: onnx.ModelProto, fixed: Sequence[str] = (), fused: bool = False) -> None:
         self.model = model
@@ -42,22 +45,22 @@ class FusegraphRep(BackendRep):
         self.output_names = [o.name for o in model.graph.output]
         #: inputs whose values (not only shapes) the programs are specialized to
         self.fixed: set[str] = set(fixed)
-        self._programs: dict[Key, Program] = {}
+        self._programs: dict[Key, api.Compiled] = {}
 
-    def specialize(self, dims: Mapping[str, Sequence[int]]) -> Program:
+    def specialize(self, dims: Mapping[str, Sequence[int]]) -> api.Compiled:
         """Parse the program for input shapes `dims` (every input, by name) and keep it."""
         key = tuple((tuple(int(d) for d in dims[n]),) for n in self.input_names)
         if key not in self._programs:
             self._programs[key] = self._parse(self.model, dims)
         return self._programs[key]
 
-    def _parse(self, model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]) -> Program:
-        program = parse_onnx(model, input_dims=dims)
+    def _parse(self, model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]) -> api.Compiled:
+        """Parse, fuse when asked, and compile for the rep's target (kernels keep their default
+        configs: tuning would cost more than a conformance case runs)."""
+        program = api.parse_onnx(model, input_dims=dims)
         if self.fused:
-            from fusegraph.passes.pipeline import fuse
-
-            fuse(program)
-        return program
+            api.fuse(program)
+        return api.compile(program, self.target, tune=False)
 
     def declared_dims(self, overrides: Mapping[str, Sequence[int]] | None = None) -> dict[str, list[int]]:
         """The model's input shapes, unknown dimensions read as 1 (a run with real shapes re-specializes)."""
@@ -72,7 +75,7 @@ class FusegraphRep(BackendRep):
         return tuple((feeds[n].shape, feeds[n].dtype.str, feeds[n].tobytes()) if n in self.fixed else (feeds[n].shape,)
                      for n in self.input_names)
 
-    def program_for(self, feeds: Mapping[str, np.ndarray]) -> Program:
+    def program_for(self, feeds: Mapping[str, np.ndarray]) -> api.Compiled:
         """The program specialized to `feeds`, parsing it on first use."""
         while (key := self._key(feeds)) not in self._programs:
             model = self.model
@@ -106,7 +109,7 @@ class FusegraphRep(BackendRep):
         if missing:
             raise InputError(f"missing input(s) {', '.join(map(repr, missing))}")
         program = self.program_for(feeds)
-        results = program.run({n: feeds[n] for n in program.input_shapes})
+        results = api.run(program, {n: feeds[n] for n in program.input_shapes})
         return namedtupledict("Outputs", self.output_names)(*(results[n] for n in self.output_names))
 
 
@@ -196,15 +199,12 @@ class FusedFusegraphBackend(FusegraphBackend):
 class GpuFusegraphRep(FusegraphRep):
     """A rep whose specializations are compiled for the gpu target (one CompiledProgram each).
 
-    A CompiledProgram answers `input_shapes` and `run` as a Program does, so the specialization
-    logic of `FusegraphRep` applies unchanged. Each run first fills every intermediate and
-    output buffer with NaN (`poison`): an element no kernel writes then differs from the
-    expected output instead of passing with a stale value left by an earlier run.
+    Each run first fills every intermediate and output buffer with NaN (`poison`): an element no
+    kernel writes then differs from the expected output instead of passing with a stale value
+    left by an earlier run.
     """
 
-    def _parse(self, model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]) -> Any:
-        program = parse_onnx(model, input_dims=dims)
-        return program.compile(target="gpu", tune=False)
+    target = "gpu"
 
     def program_for(self, feeds: Mapping[str, np.ndarray]) -> Any:
         compiled = super().program_for(feeds)

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from fusegraph.errors import UnsupportedOpError
-from fusegraph.onnx.backend import FusegraphBackend, FusegraphRep
+from fusegraph.driver.onnx_backend import FusegraphBackend, FusegraphRep
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: list[tuple[str, int, list]], outputs: list[str],

@@ -1,0 +1,148 @@
+"""The public front door: parse, fuse, compile and run, for either target.
+
+    program = fusegraph.parse_onnx("model.onnx")
+    compiled = fusegraph.compile(program, target="gpu", fp16=True)
+    outputs = compiled.run({"images": x})
+
+Everything a user calls is here and checks its arguments, so a wrong call is an `ArgumentError`
+that names the argument instead of a TypeError from deep inside a pass. The layers below
+(ir, ops, onnx, passes, targets) are the implementation; the driver and the ONNX backend
+go through this module too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Union
+
+import numpy as np
+import onnx
+
+from fusegraph.errors import ArgumentError
+from fusegraph.ir.program import Program
+from fusegraph.onnx import importer
+from fusegraph.ops.base import is_fused
+from fusegraph.passes import pipeline
+from fusegraph.targets.ref.runner import RefProgram, compile_ref
+
+#: the targets `compile` and `run` accept
+TARGETS = ("gpu", "ref")
+
+#: what `compile` returns: a RefProgram, or the gpu target's CompiledProgram
+Compiled = Any
+
+
+def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
+               input_dims: Mapping[str, Sequence[int]] | None = None) -> Program:
+    """Read an ONNX model (path, bytes, ModelProto or zoo name) into a Program.
+
+    `input_dims` fixes the dimensions of named inputs, overriding what the model declares;
+    dimensions the model leaves symbolic and that are not given default to 1, with a warning.
+    """
+    if not isinstance(source, (str, os.PathLike, bytes, bytearray, onnx.ModelProto)):
+        raise ArgumentError(f"source must be a path, bytes, an onnx.ModelProto or a zoo name, "
+                            f"got {type(source).__name__}")
+    return importer.parse_onnx(source, input_dims=_checked_dims(input_dims))
+
+
+def fuse(program: Program) -> Program:
+    """Canonicalize and fuse `program` in place (the passes rewrite its modules); returns it."""
+    pipeline.fuse(_checked_program(program))
+    return program
+
+
+def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: bool = False,
+            allow_tf32: bool = False, tune: bool = True, exhaustive_tune: bool = False,
+            progress: Callable[[str, int, int], None] | None = None) -> Compiled:
+    """Compile `program` for `target`; the result's `run(inputs)` returns outputs by name.
+
+    gpu: fuses a copy (unless `program` is fused already), generates one kernel per fused group,
+    plans memory and, on a GPU, tunes (`tune`, `exhaustive_tune`; `progress(what, done, total)`
+    reports it). allow_tf32 lets fp32 products use tf32. ref: the program as it is, evaluated by
+    the NumPy reference on each run (tuning options do not apply; it never uses tf32).
+    fp16/bf16 convert weights and inputs first, on either target, so they need an unfused program.
+    """
+    _checked_program(program)
+    _checked_target(target)
+    flags = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32, "tune": tune, "exhaustive_tune": exhaustive_tune}
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise ArgumentError(f"{name} must be True or False, got {value!r}")
+    if fp16 and bf16:
+        raise ArgumentError("fp16 and bf16 exclude each other: pick one half-precision type")
+    if (fp16 or bf16) and any(is_fused(i) for i in program.main):
+        raise ArgumentError(f"{'fp16' if fp16 else 'bf16'} converts the program before fusion: "
+                            "compile the unfused program")
+    if progress is not None and not callable(progress):
+        raise ArgumentError(f"progress must be a callable (what, done, total) or None, got {type(progress).__name__}")
+    if target == "ref":
+        return compile_ref(program, fp16=bool(fp16), bf16=bool(bf16))
+    from fusegraph.targets.gpu.compiler import compile_gpu  # Triton and torch load only for this target
+
+    return compile_gpu(program, fp16=bool(fp16), bf16=bool(bf16), allow_tf32=bool(allow_tf32), tune=bool(tune),
+                       exhaustive_tune=bool(exhaustive_tune), progress=progress)
+
+
+def run(program_or_compiled: Union[Program, Compiled], inputs: Mapping[str, Any],
+        target: str | None = None) -> dict[str, Any]:
+    """Run a Program on `target` (default "ref"), or a compiled program on the target it was
+    compiled for (`target`, when given, must name that one). Outputs by their ONNX names:
+    NumPy arrays, or device tensors when a gpu program is fed device tensors."""
+    if not isinstance(inputs, Mapping):
+        raise ArgumentError(f"inputs must be a mapping of input names to arrays, got {type(inputs).__name__}")
+    if target is not None:
+        _checked_target(target)
+    if isinstance(program_or_compiled, Program):
+        return compile(program_or_compiled, target or "ref", tune=False).run(inputs)
+    compiled_for = compiled_target(program_or_compiled)
+    if compiled_for is None:
+        raise ArgumentError("program_or_compiled must be a Program or what fusegraph.compile returned, "
+                            f"got {type(program_or_compiled).__name__}")
+    if target is not None and target != compiled_for:
+        raise ArgumentError(f"target={target!r}, but the program is compiled for {compiled_for!r}; "
+                            "compile the Program again for that target")
+    return program_or_compiled.run(inputs)
+
+
+def compiled_target(obj: Any) -> str | None:
+    """The target `obj` was compiled for, or None when it is no compiled program.
+
+    A gpu CompiledProgram exists only once its module is imported, so a wrong argument is
+    told apart without loading Triton."""
+    if isinstance(obj, RefProgram):
+        return "ref"
+    gpu = sys.modules.get("fusegraph.targets.gpu.compiled_program")
+    if gpu is not None and isinstance(obj, gpu.CompiledProgram):
+        return "gpu"
+    return None
+
+
+def _checked_program(program: Any) -> Program:
+    if not isinstance(program, Program):
+        raise ArgumentError(f"program must be a fusegraph Program (from parse_onnx), got {type(program).__name__}")
+    return program
+
+
+def _checked_target(target: Any) -> str:
+    if target not in TARGETS:
+        raise ArgumentError(f"unknown target {target!r}; the targets are: {', '.join(map(repr, TARGETS))}")
+    return target
+
+
+def _checked_dims(input_dims: Any) -> dict[str, list[int]] | None:
+    """`input_dims` as {name: [int, ...]}, or an ArgumentError naming the bad entry."""
+    if input_dims is None:
+        return None
+    if not isinstance(input_dims, Mapping):
+        raise ArgumentError(f"input_dims must be a mapping of input names to dimensions, got {type(input_dims).__name__}")
+    out: dict[str, list[int]] = {}
+    for name, dims in input_dims.items():
+        if not isinstance(name, str):
+            raise ArgumentError(f"input_dims: input names must be strings, got {name!r}")
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, (Sequence, np.ndarray)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise ArgumentError(f"input_dims[{name!r}] must be a sequence of non-negative integers, got {dims!r}")
+        out[name] = [int(d) for d in dims]
+    return out
