@@ -226,9 +226,6 @@ def _bit_shift(op: Op, x: Operands) -> str:
     a, b = x.codes
     bits = 8 * x.first.itemsize
     symbol = "<<" if op.direction == "left" else ">>"
-    amount = x.constants.get(b)
-    if amount is not None and 0 <= amount < bits:
-        return f"({a} {symbol} {b})"
     signed = x.first.numpy.kind == "i"
     in_range = f"(({b} >= 0) & ({b} < {bits}))" if signed else f"({b} < {bits})"
     if signed and op.direction == "right":  # an arithmetic shift by bits - 1 gives the sign fill
