@@ -141,10 +141,6 @@ class IndexMap:
     def out_rank(self) -> int:
         return len(self.out_vars)
 
-    @property
-    def in_rank(self) -> int:
-        return len(self.in_lens)
-
     # -- structure -------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, IndexMap):
@@ -244,10 +240,6 @@ class IndexMap:
             object.__setattr__(self, "_inverse_cache", inv)
             object.__setattr__(self, "_inverse_known", True)
         return self._inverse_cache
-
-    def is_bijective(self) -> bool:
-        """Whether ``inverse()`` exists (a provable bijection)."""
-        return self.inverse() is not None
 
 
 def _fmt(lens: Sequence[int]) -> str:

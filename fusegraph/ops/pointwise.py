@@ -57,11 +57,20 @@ class PointwiseOp(Op):
         raise NotImplementedError
 
 
+class IntegerOp(PointwiseOp):
+    """A pointwise op on the two's complement bits of integers; other types are an error."""
+
+    def result_dtype(self, dtypes: Sequence[DType]) -> DType:
+        out = super().result_dtype(dtypes)
+        require(out.is_integer, f"{self.name} takes integers, got {out}")
+        return out
+
+
 def _define(name: str, arity: int, fn: Callable[..., Any], result_bool: bool = False,
-            right_identity: float | None = None) -> type[PointwiseOp]:
+            right_identity: float | None = None, base: type[PointwiseOp] = PointwiseOp) -> type[PointwiseOp]:
     cls = type(
         "Pw_" + name,
-        (PointwiseOp,),
+        (base,),
         {"name": name, "arity": arity, "result_bool": result_bool,
          "right_identity": right_identity, "fn": lambda self, *a: fn(*a)},
     )
@@ -142,6 +151,37 @@ _define("isnan", 1, np.isnan, True)
 # ONNX Mod: the remainder takes the divisor's sign (integers only); Fmod takes the dividend's (C fmod)
 _define("mod", 2, np.mod)
 _define("fmod", 2, np.fmod)
+_define("bitwise_and", 2, np.bitwise_and, base=IntegerOp)
+_define("bitwise_or", 2, np.bitwise_or, right_identity=0, base=IntegerOp)
+_define("bitwise_xor", 2, np.bitwise_xor, right_identity=0, base=IntegerOp)
+_define("bitwise_not", 1, np.invert, base=IntegerOp)
+
+
+@register
+class BitShift(IntegerOp):
+    """`x << y` or `x >> y` (arithmetic for signed x). A shift by a negative amount or by at
+    least the bit width leaves only the sign fill: -1 for a right shift of a negative x, 0
+    otherwise (ONNX's rule since opset 28, and what ONNX Runtime computes for unsigned x)."""
+
+    name = "bit_shift"
+    arity = 2
+    right_identity = 0
+
+    def __init__(self, direction: str = "left") -> None:
+        require(direction in ("left", "right"), f"direction must be left or right, got {direction!r}")
+        super().__init__(direction=direction)
+
+    def fn(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        bits = 8 * x.dtype.itemsize
+        in_range = (y >= 0) & (y < bits)
+        amount = np.where(in_range, y, 0).astype(x.dtype)
+        if self.direction == "right":
+            fill = np.where(x < 0, -1, 0).astype(x.dtype)
+            return np.where(in_range, np.right_shift(x, amount), fill)
+        # shifted as unsigned: bits past the top one (the sign bit too) are dropped, never undefined
+        unsigned = np.dtype(f"u{x.dtype.itemsize}")
+        shifted = np.left_shift(x.view(unsigned), amount.view(unsigned)).view(x.dtype)
+        return np.where(in_range, shifted, np.zeros((), x.dtype))
 
 
 @register

@@ -1,9 +1,9 @@
 """Literal compaction: a constant that repeats along some axes becomes a broadcast of one slice.
 
-YOLOv5's exported head multiplies by `anchor_grid`, a [1, 3, H, W, 2] tensor that only varies
-with the anchor and the coordinate: stored whole, the fused head kernel loads it per output
-element; as a [1, 3, 1, 1, 2] literal behind a broadcast, the load's index ignores the pixel
-and the kernel reads a vector per tile. Runs after the last constant propagation, which
+An exported detection head may multiply by an anchor grid, a [1, 3, H, W, 2] tensor that only
+varies with the anchor and the coordinate: stored whole, the fused head kernel loads it per
+output element; as a [1, 3, 1, 1, 2] literal behind a broadcast, the load's index ignores the
+pixel and the kernel reads a vector per tile. Runs after the last constant propagation, which
 would fold a small broadcast of a literal back into a full one.
 """
 

@@ -3,9 +3,9 @@
 Convolutions (group 1) or matrix products that read the same instruction with the same
 attributes and constant weights of the same shape compute `conv(x, W1)`, `conv(x, W2)`, ...:
 one `conv(x, [W1; W2; ...])` computes all of them in one kernel that reads `x` once, and each
-sibling's result is a slice of its output along the channel axis. YOLOv5's C3 blocks (cv1 and
-cv2), Inception's 1x1 branch convolutions and the Q/K/V projections of attention have this
-shape.
+sibling's result is a slice of its output along the channel axis. The two 1x1 convolutions
+that open a CSP block, Inception's 1x1 branch convolutions and the Q/K/V projections of
+attention have this shape.
 
 The rewrite runs before fusion and merges a sibling's whole epilogue with it, so that the
 merged anchor's group is exactly the union of the groups the siblings would have had. It fires

@@ -1,12 +1,13 @@
 """Channel-group padding: output channels that a reshape splits into groups of an odd size are
 padded, per group, to a power of two.
 
-YOLOv5's head convolution has 255 = 3 x 85 output channels, and the reshape after it splits
-them into 3 anchors of 85. The fused kernel gives each anchor one N tile of 128 lanes; with
-the weights padded the same way (zero rows, 384 channels) every tile starts at an aligned
-weight row, the weights can be stored N-major like any other convolution's, and the tile loads
-them unmasked with 16-byte copies. A slice after the reshape drops the padding, so every
-reader sees the original values; the padded channels are computed and never stored.
+An anchor-based detection head's convolution has, for example, 255 = 3 x 85 output channels,
+and the reshape after it splits them into 3 anchors of 85. The fused kernel gives each anchor
+one N tile of 128 lanes; with the weights padded the same way (zero rows, 384 channels) every
+tile starts at an aligned weight row, the weights can be stored N-major like any other
+convolution's, and the tile loads them unmasked with 16-byte copies. A slice after the reshape
+drops the padding, so every reader sees the original values; the padded channels are computed
+and never stored.
 
     conv(x, W[255]) + b[255] -> reshape {1, 3, 85, H, W}
     => conv(x, W'[384]) + b'[384] -> reshape {1, 3, 128, H, W} -> slice [0:85] on axis 2

@@ -1,11 +1,11 @@
 """Space-to-depth: a strided convolution over a few input channels becomes a stride-1
 convolution over blocks of pixels.
 
-YOLOv5s begins with a 6x6 convolution of stride 2 over the 3 channels of the image. Read in
-place, each of its GEMM rows gathers pixels two apart from three planes: two bytes per load,
-no vector copies, and at batch 32 it was the slowest kernel of the network (about 500 us,
-7x its bytes floor). Cut into 2x2 blocks, the image is a 320x320 map of 12 channels,
-and the same convolution is a 3x3 one of stride 1 over it (the focus layer of earlier YOLOs):
+A network's first layer is often a large convolution (6x6, say) of stride 2 over the 3
+channels of the image. Read in place, each of its GEMM rows gathers pixels two apart from three
+planes: two bytes per load and no vector copies, far from what its bytes allow. Cut into 2x2
+blocks, the image is a map of 12 channels at half the resolution, and the same convolution is
+a 3x3 one of stride 1 over it:
 
     conv(x[N, C, H, W], W[M, C, s*a, s*b], stride s, pads s*p)
     => y = reshape(x, [N, C, H/s, s, W/s, s]) -> transpose to [N, s, s, C, H/s, W/s]
@@ -13,9 +13,7 @@ and the same convolution is a 3x3 one of stride 1 over it (the focus layer of ea
        conv(y, W'[M, 16k, a, b], stride 1, pads p),  W'[m, (i*s + j)*C + c, u, v] = W[m, c, s*u + i, s*v + j]
 
 The pad becomes one data-movement kernel that writes the blocks channels-last, and the
-convolution reads 16 channels per pixel: tap-major, in 16-byte vector copies. On the H200 at
-batch 32 the pair took 90 + 390 us (bench/results/yolov5s-kernels-b32.md), timed while every
-convolution's A tile was still loaded two bytes at a time under Triton 3.6 (fixed since).
+convolution reads 16 channels per pixel: tap-major, in 16-byte vector copies.
 """
 
 from __future__ import annotations

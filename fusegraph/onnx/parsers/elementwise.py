@@ -17,6 +17,7 @@ _BINARY = {
     "Equal": "equal", "Less": "less", "Greater": "greater",
     "LessOrEqual": "less_or_equal", "GreaterOrEqual": "greater_or_equal",
     "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor",
+    "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor",
 }
 _UNARY = {
     "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "recip",
@@ -24,7 +25,7 @@ _UNARY = {
     "Round": "round", "Sin": "sin", "Cos": "cos", "Sign": "sign", "Not": "not", "HardSwish": "hard_swish",
     "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
     "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Softplus": "softplus", "Softsign": "softsign",
-    "IsNaN": "isnan",
+    "IsNaN": "isnan", "BitwiseNot": "bitwise_not",
 }
 _VARIADIC = {"Sum": "add", "Max": "max", "Min": "min"}
 
@@ -143,6 +144,19 @@ def parse_mod(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     if not fmod and not a.shape.dtype.is_integer and ctx.opset < 28:
         raise ctx.error(f"fmod=0 with {a.shape.dtype.numpy.name} inputs is not defined before opset 28 (use fmod=1)")
     return binary(ctx, "fmod" if fmod else "mod", a, ins[1])  # type: ignore[arg-type]
+
+
+@onnx_op("BitShift")
+def parse_bit_shift(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Shifts x by y bits; signed types are defined from opset 28, unsigned ones from 11."""
+    x, y = ins[0], ins[1]
+    assert x is not None and y is not None
+    direction = ctx.check_attr("direction", ctx.attr("direction"), ["LEFT", "RIGHT"])
+    dtype = x.shape.dtype
+    if np.issubdtype(dtype.numpy, np.signedinteger) and ctx.opset < 28:
+        raise ctx.error(f"signed {dtype.numpy.name} inputs are not defined before opset 28 (unsigned only)")
+    a, b = ctx.broadcast(x, y)
+    return ctx.add(pw.BitShift(direction.lower()), [a, b])
 
 
 def _scalar(ctx: ImportContext, x: Instruction, value: float) -> Instruction:

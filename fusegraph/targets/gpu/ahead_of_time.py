@@ -1,7 +1,7 @@
 """Compiling generated kernels for a GPU that is not there.
 
 Triton can build PTX and a cubin for a named target without a device, so CI (which has no
-GPU) compiles every kernel of a model for sm_90 and a kernel the H200 would reject fails
+GPU) compiles every kernel of a model for sm_90 and a kernel an sm_90 device would reject fails
 there. The argument types come from the buffers the kernel reads and writes.
 """
 

@@ -79,7 +79,7 @@ class Tile:
 
         The comparison stays on the whole sum (`a + b >= lo`, not `b >= lo - a`): Triton then
         sees the mask constant along contiguous runs and pipelines a gathered operand with
-        asynchronous copies (the first YOLOv5s convolution's input, two elements per copy).
+        asynchronous copies (a strided convolution's gathered input, two elements per copy).
         """
         blo, bhi = bounds(e)
         out = []

@@ -164,6 +164,11 @@ spell("isnan", "({0} != {0})")
 # ONNX Mod: the remainder takes the divisor's sign (integers only); Fmod takes the dividend's (C fmod)
 spell("mod", "tl.where((({0} % {1}) != 0) & ((({0} % {1}) < 0) != ({1} < 0)), ({0} % {1}) + {1}, {0} % {1})")
 infix("fmod", "%")
+infix("bitwise_and", "&")
+infix("bitwise_or", "|")
+infix("bitwise_xor", "^")
+spell("bitwise_not", "(~{0})")
+spell("bit_shift")  # an amount out of range needs a guard: its one case below
 spell("where", "tl.where({0}, {1}, {2})")
 spell("clip", "tl.minimum(tl.maximum({0}, {1}), {2})")
 spell("leaky_relu", "tl.where({0} >= 0, {0}, {0} * {alpha})")
@@ -212,3 +217,17 @@ def _small_power(op: Op, x: Operands) -> str | None:
     if exponent == 2.0:
         return f"({x.codes[0]} * {x.codes[0]})"
     return None
+
+
+@case("bit_shift")
+def _bit_shift(op: Op, x: Operands) -> str:
+    """A shift by an amount outside [0, bits) is undefined in LLVM (and on the GPU) but defined
+    by ONNX (the sign fill: -1 or 0), so such an amount is replaced before shifting."""
+    a, b = x.codes
+    bits = 8 * x.first.itemsize
+    symbol = "<<" if op.direction == "left" else ">>"
+    signed = x.first.numpy.kind == "i"
+    in_range = f"(({b} >= 0) & ({b} < {bits}))" if signed else f"({b} < {bits})"
+    if signed and op.direction == "right":  # an arithmetic shift by bits - 1 gives the sign fill
+        return f"({a} >> tl.where({in_range}, {b}, {bits - 1}))"
+    return f"tl.where({in_range}, {a} {symbol} tl.where({in_range}, {b}, 0), 0)"

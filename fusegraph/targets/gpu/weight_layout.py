@@ -7,11 +7,10 @@ output channels are C*kh*kw elements apart and consecutive channels kh*kw apart,
 of the tile is contiguous and every 2-byte weight costs a 32-byte memory sector. Stored as
 [kh, kw, C, M], output channels are contiguous and the tile loads coalesce.
 
-1x1 convolutions too: their [M, C] weights make the GEMM's B operand K-major, which Triton 3.6
-multiplies about three times slower on an H200 than an N-major one (a 12800x512x512 product in
-our template: 64 us; a textbook Triton matmul on [K, N] weights: 22 us). A layer whose output
-channels per group are not a multiple of 8 (the detection head's 255) keeps ONNX's order: its
-rows would start at unaligned addresses and lose the 16-byte copies.
+1x1 convolutions too: their [M, C] weights make the GEMM's B operand K-major, which Triton's
+dot multiplies about three times slower than an N-major one of the same size. A layer whose
+output channels per group are not a multiple of 8 (the detection head's 255) keeps ONNX's
+order: its rows would start at unaligned addresses and lose the 16-byte copies.
 """
 
 from __future__ import annotations
