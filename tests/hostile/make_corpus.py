@@ -298,15 +298,6 @@ def _input_elem(code: int) -> Callable[[onnx.ModelProto], None]:
     return edit
 
 
-def _attr(node: int, name: str, value: Any) -> Callable[[onnx.ModelProto], None]:
-    def edit(m: onnx.ModelProto) -> None:
-        n = m.graph.node[node]
-        kept = [a for a in n.attribute if a.name != name]
-        del n.attribute[:]
-        n.attribute.extend(kept + [helper.make_attribute(name, value)])
-    return edit
-
-
 def _opset(version: int) -> Callable[[onnx.ModelProto], None]:
     def edit(m: onnx.ModelProto) -> None:
         m.opset_import[0].version = version
