@@ -8,9 +8,11 @@ them). User errors (bad file, unsupported op, wrong input) print one line and ex
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -23,6 +25,47 @@ if TYPE_CHECKING:
 EPILOG = "MODEL is a path to an .onnx file or a zoo name (see `fusegraph zoo`)."
 
 
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes print one `fusegraph: error: ` line, like every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"fusegraph: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _number(text: str, kind: type) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
+def _non_negative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    value = _number(text, float)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite non-negative number, got {text}")
+    return value
+
+
+def _directory(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not an existing directory")
+    return text
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="an .onnx file or a zoo name")
     p.add_argument("--input-dim", action="append", metavar="NAME:D0,D1,...",
@@ -32,7 +75,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="take an input from a .npy file (repeatable); others are random")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random inputs (default 0)")
 
 
 def _precision_args(p: argparse.ArgumentParser) -> None:
@@ -232,7 +275,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fusegraph", description="An ONNX inference compiler that fuses "
+    parser = _Parser(prog="fusegraph", description="An ONNX inference compiler that fuses "
                                      "convolutions and matrix products with pointwise ops and layout changes.",
                                      epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -251,16 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--no-tune", action="store_true", help="use each kernel's default block sizes")
             p.add_argument("--exhaustive-tune", action="store_true", help="time every candidate config of each kernel")
         if name == "run":
-            p.add_argument("--save", metavar="DIR", help="save each output as DIR/NAME.npy")
+            p.add_argument("--save", metavar="DIR", type=_directory, help="save each output as DIR/NAME.npy")
         if name == "verify":
             p.add_argument("--target", choices=("ref", "gpu"), default="ref",
                            help="ref: the reference target vs ONNX Runtime (default); gpu: the gpu target vs the "
                                 "reference target")
-            p.add_argument("--tolerance", type=float, default=None,
+            p.add_argument("--tolerance", type=_tolerance, default=None,
                            help="largest relative norm error that passes (default 1e-5 for ref; for gpu 1e-4 in "
                                 "fp32, 1e-3 with --allow-tf32, 1e-2 in fp16/bf16)")
         if name == "perf":
-            p.add_argument("-n", "--iterations", type=int, default=100, help="timed runs (default 100)")
+            p.add_argument("-n", "--iterations", type=_positive_int, default=100, help="timed runs (default 100)")
             p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (JSON) of one run")
             p.add_argument("--configs", action="store_true",
                            help="show each kernel's launch config (tile sizes, warps, stages) after its time")

@@ -51,8 +51,13 @@ def load_inputs(specs: Sequence[str] | None, shapes: Mapping[str, Shape], seed: 
         if name not in shapes:
             raise InputError(f"--input names unknown input {name!r}; the program expects: {', '.join(shapes)}")
         try:
-            given[name] = np.load(Path(path), allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise InputError(f"--input {name}: cannot read {path}: {e}") from None
+            loaded = np.load(Path(path), allow_pickle=False)
+        except Exception as e:  # noqa: BLE001  (a corrupt file raises ValueError, EOFError, TokenError, ...)
+            reason = " ".join(str(e).split())
+            raise InputError(f"--input {name}: cannot read {path}: {type(e).__name__}: {reason}") from None
+        if not isinstance(loaded, np.ndarray):
+            loaded.close()
+            raise InputError(f"--input {name}: {path} is an .npz archive, not one .npy array")
+        given[name] = loaded
     rest = random_inputs({k: v for k, v in shapes.items() if k not in given}, seed)
     return {**rest, **given}

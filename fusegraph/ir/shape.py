@@ -13,6 +13,10 @@ from typing import Sequence
 
 from fusegraph.ir.dtypes import DType
 
+#: The most elements one tensor may have: 2**31 (8 GiB of float32). A larger shape comes from a
+#: corrupt or hostile model; refusing it when the shape is made keeps anything from allocating it.
+MAX_ELEMENTS = 1 << 31
+
 
 def standard_strides(lens: Sequence[int]) -> tuple[int, ...]:
     """Row-major strides for `lens` (the last dimension is contiguous)."""
@@ -37,6 +41,8 @@ class Shape:
         lens_t = tuple(int(x) for x in lens)
         if any(x < 0 for x in lens_t):
             raise ValueError(f"negative dimension in {list(lens_t)}")
+        if math.prod(lens_t) > MAX_ELEMENTS:
+            raise ValueError(f"{list(lens_t)} has {math.prod(lens_t)} elements, more than the {MAX_ELEMENTS} of one tensor")
         strides_t = standard_strides(lens_t) if strides is None else tuple(int(s) for s in strides)
         if len(strides_t) != len(lens_t):
             raise ValueError(f"lens {list(lens_t)} and strides {list(strides_t)} differ in rank")

@@ -37,6 +37,9 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     dimensions the model leaves symbolic and that are not given default to 1, with a warning.
     """
     model = load_model(source)
+    from fusegraph.onnx.validate import validate_model
+
+    validate_model(model, input_dims)
     graph = model.graph
     _check_supported(graph)
     opset = _opset(model)

@@ -45,4 +45,6 @@ def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
         raise ModelLoadError(f"{where}: not a valid ONNX model (truncated or not ONNX: {e})") from None
     if not model.HasField("graph") or not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{where}: not a valid ONNX model (no graph)")
+    if not model.opset_import:
+        raise ModelLoadError(f"{where}: not a valid ONNX model (no opset_import; truncated?)")
     return model

@@ -6,17 +6,23 @@ importer folds Shape -> Gather -> Concat chains into literals as it reads them, 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from onnx import numpy_helper
 
 from fusegraph.ir.program import Instruction
+from fusegraph.ir.shape import MAX_ELEMENTS
 from fusegraph.ops import views as v
 from fusegraph.ops.movement import Concat, Gather
 from fusegraph.onnx.context import ImportContext, onnx_op, prod
 
 
 def _ints(ctx: ImportContext, ins: Instruction | None, what: str) -> list[int]:
-    return [int(x) for x in ctx.require_const(ins, what).reshape(-1)]
+    value = ctx.require_const(ins, what)
+    if value.dtype.kind not in "iu":  # int() would truncate 2.5 to 2 without a word
+        raise ctx.error(f"{what} must be integers, got {value.dtype.name} {value.reshape(-1).tolist()}")
+    return [int(x) for x in value.reshape(-1)]
 
 
 @onnx_op("Reshape")
@@ -180,6 +186,8 @@ def parse_split(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instr
         sizes = _ints(ctx, ins[1], "split")
     else:
         parts = ctx.attr("num_outputs", outs)
+        if parts < 1:
+            raise ctx.error(f"num_outputs must be positive, got {parts}")
         chunk = -(-n // parts)
         sizes = [min(chunk, n - i * chunk) for i in range(parts)]
     if sum(sizes) != n or any(s < 0 for s in sizes):
@@ -264,6 +272,11 @@ def parse_constant_of_shape(ctx: ImportContext, ins: list[Instruction | None]) -
 @onnx_op("Range")
 def parse_range(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     start, limit, delta = (ctx.require_const(x, "Range bounds") for x in ins[:3])
+    if delta == 0:
+        raise ctx.error("delta cannot be 0")
+    n = max(0, math.ceil((float(limit) - float(start)) / float(delta)))
+    if n > MAX_ELEMENTS:
+        raise ctx.error(f"{n} elements from {start} to {limit} by {delta}, more than the {MAX_ELEMENTS} of one tensor")
     return ctx.literal(np.arange(start, limit, delta).astype(start.dtype))
 
 

@@ -72,7 +72,10 @@ def parse_conv(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction
         raise ctx.error(f"kernel_shape {kernel} does not match weights {list(w.shape.lens)}")
     strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
     pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
-    out = ctx.add(anchors.Convolution(pads, strides, dilations, ctx.attr("group", 1)), [x, w])
+    group = ctx.attr("group", 1)
+    if group < 1:
+        raise ctx.error(f"group must be positive, got {group}")
+    out = ctx.add(anchors.Convolution(pads, strides, dilations, group), [x, w])
     if len(ins) > 2 and ins[2] is not None:
         out = _channel_bias(ctx, out, ins[2])
     return out
@@ -130,6 +133,8 @@ def _pool(ctx: ImportContext, x: Instruction, mode: str) -> Instruction:
     k = len(kernel)
     if k != x.shape.ndim - 2:
         raise ctx.error(f"kernel_shape {list(kernel)} does not match input rank {x.shape.ndim}")
+    if any(n < 1 for n in kernel):
+        raise ctx.error(f"kernel_shape must be positive, got {list(kernel)}")
     strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
     pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
     if ctx.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER") and mode == "average":

@@ -38,8 +38,13 @@ def check_inputs(params: Mapping[str, Shape], inputs: Mapping[str, Any]) -> dict
     out: dict[str, np.ndarray] = {}
     for name, shape in params.items():
         value = inputs[name]
-        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        try:
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except ValueError as e:  # a ragged nested list
+            raise InputError(f"input {name!r} is not an array: {e}") from None
         want = shape.dtype.numpy
+        if arr.dtype != want and arr.dtype.newbyteorder("=") == want:
+            arr = arr.astype(want)  # the same values in the other byte order (a .npy from another machine)
         if arr.dtype != want:
             raise InputError(f"input {name!r} has dtype {arr.dtype.name}, expected {want.name}")
         if tuple(arr.shape) != shape.lens:
