@@ -22,6 +22,8 @@ from fusegraph.ops.base import Op
 from fusegraph.ops.constant_fold import fold, foldable
 from fusegraph.ops.source import add_literal
 
+MIN_OPSET = 7  # the oldest default-domain opset the parsers read
+
 ONNX_TO_DTYPE: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.float32,
     onnx.TensorProto.FLOAT16: DType.float16,

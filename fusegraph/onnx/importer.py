@@ -18,11 +18,11 @@ from fusegraph.errors import FusegraphError, ParseError, UnsupportedOpError
 from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.onnx import parsers  # noqa: F401  (registers the parsers)
-from fusegraph.onnx.context import PARSERS, ImportContext, onnx_dtype
+from fusegraph.onnx.context import MIN_OPSET, PARSERS, ImportContext, onnx_dtype
+from fusegraph.onnx.validate import validate_model
 from fusegraph.onnx.loader import load_model
 from fusegraph.ops.source import add_literal, add_param
 
-MIN_OPSET = 7
 
 
 def supported_onnx_ops() -> list[str]:
@@ -37,8 +37,6 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     dimensions the model leaves symbolic and that are not given default to 1, with a warning.
     """
     model = load_model(source)
-    from fusegraph.onnx.validate import validate_model
-
     validate_model(model, input_dims)
     graph = model.graph
     _check_supported(graph)

@@ -17,7 +17,7 @@ import onnx
 
 from fusegraph.errors import ParseError
 from fusegraph.ir.shape import MAX_ELEMENTS
-from fusegraph.onnx.context import PARSERS, onnx_dtype
+from fusegraph.onnx.context import MIN_OPSET, PARSERS, onnx_dtype
 
 _STANDARD_DOMAINS = ("", "ai.onnx")
 
@@ -35,8 +35,6 @@ def validate_model(model: onnx.ModelProto, input_dims: Mapping[str, Sequence[int
     _check_dataflow(graph)
     versions = {o.domain: o.version for o in model.opset_import}
     opset = versions.get("", versions.get("ai.onnx", 0))
-    from fusegraph.onnx.importer import MIN_OPSET
-
     if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
         return  # the importer refuses the opset itself, a clearer message than any node's schema
     for k, node in enumerate(graph.node):

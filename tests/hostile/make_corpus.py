@@ -541,7 +541,7 @@ def accepted_cases() -> list[Case]:
         Case("--input-dim overrides a dim", "model", "accept", source=relu_model, input_dims={"x": [4, 3]},
              inputs=_seeded_inputs({"x": (4, 3)}, SEED), check=same_as(lambda d: {"y": np.maximum(d["x"], 0)})),
         Case("input_dims huge", "model", "ParseError", "'x'", source=relu_model, input_dims={"x": [HUGE, 3]}),
-        Case("input_dims negative", "model", "ParseError", "'x'", source=relu_model, input_dims={"x": [-2, 3]}),
+        Case("input_dims negative", "model", "ArgumentError", "'x'", source=relu_model, input_dims={"x": [-2, 3]}),
         Case("input_dims wrong rank", "model", "ParseError", "'x'", source=relu_model, input_dims={"x": [6]}),
         Case("input_dims unknown name", "model", "ParseError", "'nope'", source=relu_model, input_dims={"nope": [2, 3]}),
     ]

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
-from fusegraph import parse_onnx, zoo
+from fusegraph import api, parse_onnx, zoo
 from fusegraph.driver.cli import main
 from fusegraph.driver.inputs import random_inputs
 from fusegraph.errors import FusegraphError
@@ -32,7 +32,7 @@ def _yolo() -> onnx.ModelProto:
 def _run_model(case: Case) -> dict:
     program = parse_onnx(case.source(), input_dims=case.input_dims)
     inputs = case.inputs() if case.inputs else random_inputs(program.input_shapes, 0)
-    outputs = program.run(inputs)
+    outputs = api.run(program, inputs)
     if case.check:
         case.check(inputs, outputs)
     return outputs

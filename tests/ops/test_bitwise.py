@@ -17,7 +17,7 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from fusegraph import parse_onnx
+from fusegraph import api, parse_onnx
 from fusegraph.errors import FusegraphError
 from fusegraph.passes.pipeline import fuse
 from fusegraph.targets.ref.runner import run_program
@@ -63,7 +63,7 @@ def _check(model, inputs: dict[str, np.ndarray], want: np.ndarray) -> None:
 
 
 def _check_gpu(model, inputs: dict[str, np.ndarray], want: np.ndarray, kernels: int = 1) -> None:
-    compiled = parse_onnx(model).compile(target="gpu", tune=False)
+    compiled = api.compile(parse_onnx(model), "gpu", tune=False)
     assert len(compiled.kernels) == kernels, [k.src.template for k in compiled.kernels]
     compiled.poison()
     np.testing.assert_array_equal(np.asarray(compiled.run(inputs)["z"]), want)

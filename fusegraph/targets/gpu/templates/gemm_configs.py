@@ -3,8 +3,8 @@
 The first config is the untuned default and the default tune times the first few, so the order
 is the policy. It depends on the device through two facts (`device.py`): how many programs
 fill the GPU (its multiprocessor count) and how much shared memory a block's operand pipeline
-may take. The orders themselves come from timing every candidate of YOLOv5s's kernels on an
-H200 (FUSEGRAPH_TUNING_REPORT).
+may take. The orders come from tuning reports (FUSEGRAPH_TUNING_REPORT) that time every
+candidate; bench/results keeps the reports and their figures.
 """
 
 from __future__ import annotations
@@ -18,19 +18,17 @@ from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
 Config = dict[str, int]
 
-# Shared memory a block keeps for the epilogue's layout conversion besides the operand pipeline:
-# 27 KiB of the H200's 227 KiB leave 200 KiB to the pipeline, within which every candidate of
-# YOLOv5s compiles for sm_90 (tests/gpu/test_gpu_sm90.py).
+# Shared memory a block keeps for the epilogue's layout conversion besides the operand pipeline;
+# tests/gpu/test_gpu_sm90.py checks that every candidate left in compiles within the rest.
 EPILOGUE_SHARED_BYTES = 27 * 1024
 
 # Split-k aims at this many programs per multiprocessor: one more to switch to while another
 # waits on memory.
 PROGRAMS_PER_SM = 2
 
-# Problems of at least this many 64x128 tiles (about three waves on an H200: YOLOv5s at batch
-# 32) try these shapes first. From an exhaustive tuning report of YOLOv5s at batch 32 on the
-# H200, replayed on the candidates: the first six of the batch-1 order sum to 4144 us, these
-# first to 4039 us, every candidate's best to 4019 us.
+# Problems of at least this many 64x128 tiles (about three waves of a large GPU) try these
+# shapes first: on large problems bigger tiles win (an exhaustive tuning report of a large
+# batch, bench/results/yolov5s-b32*.md).
 MANY_TILES = 400
 LARGE_FIRST = [(128, 256, 64, 8, 3), (64, 128, 32, 4, 4), (128, 64, 64, 4, 3), (64, 64, 32, 4, 3)]
 
@@ -87,8 +85,8 @@ def _fitting(configs: list[Config], itemsize: int) -> list[Config]:
 def _period_configs(spec: GemmSpec, tile: int) -> list[Config]:
     """First candidates of a period-aligned product (the detection head): eight warps share the
     [BM, tile] epilogue, which costs as much as the product; long k chunks where the channels
-    allow; then the 64x32 four-warp tile that `bench/results/head-configs.md` found fastest for
-    the 80x80 head on an H200 (6.3 us with L2 cold, in pieces; the other tiles run in 6.4 to 27).
+    allow; then the 64x32 four-warp tile, the fastest of the head sweep in
+    `bench/results/head-configs.md`.
     The general list follows, so the default tune also times the other 64-row four-warp tiles."""
     channels = spec.k // spec.taps if spec.taps else spec.k
     if spec.taps:  # a chunk must not straddle two taps (the k loop has no bound then)

@@ -46,9 +46,8 @@ def stored_width(module: Module, out_index: Index, tile: int) -> int:
 def column_pieces(width: int, tile: int) -> list[tuple[int, int]]:
     """(start, width) of two power-of-two column blocks covering the `width` stored columns of a
     tile that leaves much of its width unused: 85 of 128 columns as 64 + 32. The epilogue then
-    runs on 96 columns instead of 128; its sigmoid alone, two special-function operations per
-    element, took 0.9 of the 5.8 us of the 80x80 detection head on an H200
-    (`bench/results/head-ablate.md`). [] when one block fits or two do not cover the width
+    runs on 96 columns instead of 128, and a sigmoid costs two special-function operations
+    per element (`bench/results/head-ablate.md`). [] when one block fits or two do not cover the width
     (16-column granularity, the narrowest dot)."""
     cover = -(-width // 16) * 16
     big = 1 << (cover.bit_length() - 1)
