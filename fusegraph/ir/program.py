@@ -8,7 +8,7 @@ whose op holds a sub-module; the `Program` owns the main module and all sub-modu
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 from fusegraph.errors import ShapeError
 from fusegraph.ir.shape import Shape
@@ -207,8 +207,3 @@ class Program:
         from fusegraph.ir.printer import format_program
 
         return format_program(self)
-
-
-def instructions_of(modules: Iterable[Module]) -> Iterator[Instruction]:
-    for m in modules:
-        yield from m.instructions
