@@ -88,8 +88,8 @@ def test_one_graph_for_torch_compile(yolov5s_160) -> None:
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
 
-def _graph(nodes, inputs, outputs, inits=None):
-    return parse_onnx(make_model(nodes, inputs, outputs, inits or {}))
+def _graph(nodes, inputs, outputs, inits=None, opset=17):
+    return parse_onnx(make_model(nodes, inputs, outputs, inits or {}, opset=opset))
 
 
 def test_pooling_paths() -> None:
@@ -146,7 +146,8 @@ def test_movement_and_pointwise_paths() -> None:
         n("ReduceProd", ["x", "raxes"], ["k"], keepdims=1),
         n("ArgMax", ["x"], ["l"], axis=2, select_last_index=1),
         n("Flatten", ["x"], ["m"], axis=2),
-    ], {"x": [1, 4, 5, 6]}, ["a", "b", "b2", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m"], inits)
+    ], {"x": [1, 4, 5, 6]}, ["a", "b", "b2", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m"], inits,
+        opset=18)  # ReduceMax and ReduceProd take their axes as an input from opset 18
     _compare(program, scale=2.0)
 
 

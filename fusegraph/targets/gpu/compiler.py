@@ -17,14 +17,15 @@ from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
 from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, Config, KernelSource
 from fusegraph.ir.shape import Shape
+from fusegraph.ops.base import is_fused
 from fusegraph.targets.gpu.memory_plan import Buffer, MemoryPlan, stored_buffer_input
 from fusegraph.targets.gpu.templates.gemm_emit import workspace_elements
 from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.returned_views import copy_returned_views
 
 
-def is_fused(program: Program) -> bool:
-    return any(i.op.name == "fused" for i in program.main)
+def _is_fused_program(program: Program) -> bool:
+    return any(is_fused(i) for i in program.main)
 
 
 def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, allow_tf32: bool = False,
@@ -47,7 +48,7 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     start = time.monotonic()
     p = _fused_copy(program, fp16, bf16)
     plan = plan_program(p.main)
-    fused = [i for i in p.main if i.op.name == "fused"]
+    fused = [i for i in p.main if is_fused(i)]
     sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
     _plan_scratch(plan, sources)
     kernels = _kernels(fused, sources, plan, interpret, progress)
@@ -66,12 +67,12 @@ def _fused_copy(program: Program, fp16: bool, bf16: bool) -> Program:
     from fusegraph.passes.pipeline import fuse
     from fusegraph.passes.to_half import ToHalf
 
-    if (fp16 or bf16) and is_fused(program):
+    if (fp16 or bf16) and _is_fused_program(program):
         raise ValueError("half precision is applied before fusion: compile the unfused program")
     p = copy.deepcopy(program)
     if fp16 or bf16:
         ToHalf(DType.bfloat16 if bf16 else DType.float16).apply(p.main)
-    if not is_fused(p):
+    if not _is_fused_program(p):
         fuse(p)
     copy_returned_views(p.main)
     return p
