@@ -248,8 +248,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_zoo(args: argparse.Namespace) -> int:
     from fusegraph import zoo
 
-    for name in zoo.names():
-        print(f"{name:24s} {zoo.describe(name)}")
+    names = zoo.names()
+    width = max(len(n) for n in names)
+    for name in names:
+        print(f"{name:{width}s}  {zoo.summary(name)}")
     return 0
 
 
