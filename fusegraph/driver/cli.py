@@ -276,10 +276,24 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version; the package's own when it runs from a source tree
+    that is not installed (the two agree in a release)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("fusegraph")
+    except metadata.PackageNotFoundError:
+        from fusegraph import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fusegraph", description="An ONNX inference compiler that fuses "
                                      "convolutions and matrix products with pointwise ops and layout changes.",
                                      epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"fusegraph {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (fn, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)

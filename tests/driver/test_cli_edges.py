@@ -17,3 +17,17 @@ def test_zoo_lists_each_model_once(capsys):
     for name in zoo.names():
         # the name opens its own line and occurs nowhere else as a whole word
         assert sum(word.rstrip(":") == name for word in text.split()) == 1, name
+
+
+def test_version(capsys):
+    import tomllib
+    from pathlib import Path
+
+    import fusegraph
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out == f"fusegraph {declared}\n"
+    assert fusegraph.__version__ == declared
