@@ -25,8 +25,27 @@ if TYPE_CHECKING:
 EPILOG = "MODEL is a path to an .onnx file or a zoo name (see `fusegraph zoo`)."
 
 
+class _StoreOnce(argparse._StoreAction):
+    """A single-value option given twice is an error: silently keeping the last value hides
+    a mistake (`--target ref ... --target gpu`)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given = namespace.__dict__.setdefault("_given_options", set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given more than once; give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _Parser(argparse.ArgumentParser):
-    """Command-line mistakes print one `fusegraph: error: ` line, like every other user error."""
+    """Command-line mistakes print one `fusegraph: error: ` line, like every other user error.
+    Options that take one value may be given once (`_StoreOnce` is the default action)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"fusegraph: error: {message} (see `{self.prog} --help`)\n")
@@ -333,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    vars(args).pop("_given_options", None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

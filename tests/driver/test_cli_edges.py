@@ -31,3 +31,24 @@ def test_version(capsys):
     declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["version"]
     assert capsys.readouterr().out == f"fusegraph {declared}\n"
     assert fusegraph.__version__ == declared
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["run", "light_squeezenet", "--seed", "1", "--seed", "2"], "--seed"),
+    (["verify", "light_squeezenet", "--target", "ref", "--target", "gpu"], "--target"),
+    (["verify", "light_squeezenet", "--tolerance", "1e-3", "--tolerance", "1e-2"], "--tolerance"),
+    (["perf", "light_squeezenet", "-n", "5", "--iterations", "6"], "-n/--iterations"),
+])
+def test_a_repeated_option_is_an_error(argv, option, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"fusegraph: error: argument {option}: given more than once")
+
+
+def test_repeatable_options_stay_repeatable(capsys):
+    argv = ["read", "light_squeezenet", "--input-dim", "data_0:1,3,224,224", "--input-dim", "data_0:1,3,224,224"]
+    assert main(argv) == 0
+    assert "data_0" in capsys.readouterr().out
