@@ -227,6 +227,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.target == "gpu":
         return _verify_gpu(args)
+    _reject_gpu_options(args)
     if args.tolerance is None:
         args.tolerance = 1e-5
     model = load_model(args.model)
@@ -240,6 +241,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     theirs = run_onnxruntime(model.SerializeToString(), inputs)
     print(f"fusegraph ({label}) vs ONNX Runtime (CPU), seed {args.seed}:")
     return _report(ours, theirs, args.tolerance)
+
+
+GPU_ONLY_OPTIONS = {"fp16": "--fp16", "bf16": "--bf16", "allow_tf32": "--allow-tf32", "no_tune": "--no-tune",
+                    "exhaustive_tune": "--exhaustive-tune"}
+
+
+def _reject_gpu_options(args: argparse.Namespace) -> None:
+    """`verify` on the ref target compares fp32 with ONNX Runtime's fp32: a precision or tuning
+    option would be ignored there, so asking for one is a mistake worth one line."""
+    given = [flag for dest, flag in GPU_ONLY_OPTIONS.items() if getattr(args, dest)]
+    if given:
+        from fusegraph.errors import ArgumentError
+
+        raise ArgumentError(f"{' and '.join(given)} applies to the gpu target only: add --target gpu "
+                            "(the ref target checks fp32 against ONNX Runtime)")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

@@ -52,3 +52,13 @@ def test_repeatable_options_stay_repeatable(capsys):
     argv = ["read", "light_squeezenet", "--input-dim", "data_0:1,3,224,224", "--input-dim", "data_0:1,3,224,224"]
     assert main(argv) == 0
     assert "data_0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags", [["--fp16"], ["--bf16"], ["--allow-tf32"], ["--no-tune"], ["--fp16", "--no-tune"]])
+def test_gpu_options_on_the_ref_target_are_an_error(flags, capsys):
+    assert main(["verify", "light_squeezenet", *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith(f"fusegraph: error: {' and '.join(flags)} applies to the gpu target only")
+    assert "--target gpu" in captured.err
