@@ -204,12 +204,11 @@ def cmd_perf(args: argparse.Namespace) -> int:
     from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
     from fusegraph.driver.perf import chrome_trace, perf_report
+    from fusegraph.targets.gpu.availability import require_gpu_device
 
+    require_gpu_device("perf")
     program = _load(args)
     compiled = api.compile(program, "gpu", **_gpu_options(args))
-    if compiled.interpreted:
-        print("fusegraph: error: perf needs a GPU (kernels run under the Triton interpreter here)", file=sys.stderr)
-        return 2
     api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
     print(perf_report(compiled, args.iterations, args.configs))
     if args.trace:
