@@ -79,6 +79,9 @@ def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: 
         raise ArgumentError(f"progress must be a callable (what, done, total) or None, got {type(progress).__name__}")
     if target == "ref":
         return compile_ref(program, fp16=bool(fp16), bf16=bool(bf16))
+    from fusegraph.targets.gpu.availability import require_gpu_target
+
+    require_gpu_target()
     from fusegraph.targets.gpu.compiler import compile_gpu  # Triton and torch load only for this target
 
     return compile_gpu(program, fp16=bool(fp16), bf16=bool(bf16), allow_tf32=bool(allow_tf32), tune=bool(tune),

@@ -48,3 +48,8 @@ class InputError(FusegraphError):
 class ArgumentError(FusegraphError):
     """A fusegraph function was called with an argument of the wrong type or value; the message
     names the argument and what it accepts."""
+
+
+class TargetUnavailableError(FusegraphError):
+    """The gpu target cannot run here (torch or triton missing, no GPU where one is needed, or
+    Triton's interpreter not switched on in time); the message says what to install or set."""

@@ -25,8 +25,27 @@ if TYPE_CHECKING:
 EPILOG = "MODEL is a path to an .onnx file or a zoo name (see `fusegraph zoo`)."
 
 
+class _StoreOnce(argparse._StoreAction):
+    """A single-value option given twice is an error: silently keeping the last value hides
+    a mistake (`--target ref ... --target gpu`)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given = namespace.__dict__.setdefault("_given_options", set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given more than once; give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _Parser(argparse.ArgumentParser):
-    """Command-line mistakes print one `fusegraph: error: ` line, like every other user error."""
+    """Command-line mistakes print one `fusegraph: error: ` line, like every other user error.
+    Options that take one value may be given once (`_StoreOnce` is the default action)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"fusegraph: error: {message} (see `{self.prog} --help`)\n")
@@ -185,12 +204,11 @@ def cmd_perf(args: argparse.Namespace) -> int:
     from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
     from fusegraph.driver.perf import chrome_trace, perf_report
+    from fusegraph.targets.gpu.availability import require_gpu_device
 
+    require_gpu_device("perf")
     program = _load(args)
     compiled = api.compile(program, "gpu", **_gpu_options(args))
-    if compiled.interpreted:
-        print("fusegraph: error: perf needs a GPU (kernels run under the Triton interpreter here)", file=sys.stderr)
-        return 2
     api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
     print(perf_report(compiled, args.iterations, args.configs))
     if args.trace:
@@ -208,6 +226,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.target == "gpu":
         return _verify_gpu(args)
+    _reject_gpu_options(args)
     if args.tolerance is None:
         args.tolerance = 1e-5
     model = load_model(args.model)
@@ -221,6 +240,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     theirs = run_onnxruntime(model.SerializeToString(), inputs)
     print(f"fusegraph ({label}) vs ONNX Runtime (CPU), seed {args.seed}:")
     return _report(ours, theirs, args.tolerance)
+
+
+GPU_ONLY_OPTIONS = {"fp16": "--fp16", "bf16": "--bf16", "allow_tf32": "--allow-tf32", "no_tune": "--no-tune",
+                    "exhaustive_tune": "--exhaustive-tune"}
+
+
+def _reject_gpu_options(args: argparse.Namespace) -> None:
+    """`verify` on the ref target compares fp32 with ONNX Runtime's fp32: a precision or tuning
+    option would be ignored there, so asking for one is a mistake worth one line."""
+    given = [flag for dest, flag in GPU_ONLY_OPTIONS.items() if getattr(args, dest)]
+    if given:
+        from fusegraph.errors import ArgumentError
+
+        raise ArgumentError(f"{' and '.join(given)} applies to the gpu target only: add --target gpu "
+                            "(the ref target checks fp32 against ONNX Runtime)")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -248,8 +282,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_zoo(args: argparse.Namespace) -> int:
     from fusegraph import zoo
 
-    for name in zoo.names():
-        print(f"{name:24s} {zoo.describe(name)}")
+    names = zoo.names()
+    width = max(len(n) for n in names)
+    for name in names:
+        print(f"{name:{width}s}  {zoo.summary(name)}")
     return 0
 
 
@@ -274,10 +310,24 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version; the package's own when it runs from a source tree
+    that is not installed (the two agree in a release)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("fusegraph")
+    except metadata.PackageNotFoundError:
+        from fusegraph import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fusegraph", description="An ONNX inference compiler that fuses "
                                      "convolutions and matrix products with pointwise ops and layout changes.",
                                      epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"fusegraph {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (fn, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)
@@ -317,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    vars(args).pop("_given_options", None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

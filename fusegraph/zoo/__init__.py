@@ -38,7 +38,7 @@ import onnx
 from ..errors import ModelLoadError
 from . import _params
 
-__all__ = ["names", "is_zoo_name", "load", "describe", "path"]
+__all__ = ["names", "is_zoo_name", "load", "describe", "summary", "path"]
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 LIGHT_CALIBRATION = MODELS_DIR / "light_calibration.json"
@@ -158,7 +158,13 @@ def _fmt(values) -> str:
 
 
 def describe(name: str) -> str:
-    """One line: what the model is, its opset, inputs -> outputs (no weights are generated)."""
+    """One line: the name, then its `summary`."""
+    return f"{name}: {summary(name)}"
+
+
+def summary(name: str) -> str:
+    """What the model is, its opset, inputs -> outputs (no weights are generated); without the
+    name, for listings that show the name in a column of its own."""
     e = _entry(name)
     model = _read(name)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), "?")
@@ -167,4 +173,4 @@ def describe(name: str) -> str:
     ins = _fmt(i for i in model.graph.input if i.name not in inits)
     outs = _fmt(model.graph.output)
     source = "onnx backend test 'light' model" if e.light else "stripped graph in fusegraph/zoo/models"
-    return f"{name}: {e.title}, opset {opset}, {ins} -> {outs}; random weights ({source})"
+    return f"{e.title}, opset {opset}, {ins} -> {outs}; random weights ({source})"

@@ -46,7 +46,7 @@ def test_verify_gpu_target_fp16(tmp_path, capsys):
 @pytest.mark.skipif(GPU, reason="checks the message given without a GPU")
 def test_perf_without_gpu_says_so(tmp_path, capsys):
     assert main(["perf", _model(tmp_path), "--no-tune"]) == 2
-    assert "perf needs a GPU" in capsys.readouterr().err
+    assert "perf needs an NVIDIA GPU" in capsys.readouterr().err
 
 
 def test_perf_line_shows_the_chosen_config_and_stays_readable(tmp_path):
