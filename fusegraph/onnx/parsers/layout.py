@@ -29,7 +29,12 @@ def _ints(ctx: ImportContext, ins: Instruction | None, what: str) -> list[int]:
 def parse_reshape(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
     assert x is not None
-    dims = _ints(ctx, ins[1], "the target shape") if ctx.opset >= 5 else list(ctx.attr("shape", []))
+    if ctx.opset >= 5:
+        dims = _ints(ctx, ins[1], "the target shape")
+    elif ctx.has_attr("shape"):  # before opset 5 the target is an attribute
+        dims = list(ctx.attr("shape"))
+    else:
+        raise ctx.error("missing attribute 'shape'")
     allowzero = ctx.attr("allowzero", 0)
     out = []
     for i, d in enumerate(dims):
@@ -121,6 +126,8 @@ def parse_slice(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
     assert x is not None
     r = x.shape.ndim
     if ctx.opset < 10:
+        if not (ctx.has_attr("starts") and ctx.has_attr("ends")):
+            raise ctx.error("missing attribute 'starts' or 'ends'")
         starts, ends = list(ctx.attr("starts")), list(ctx.attr("ends"))
         axes = list(ctx.attr("axes", range(len(starts))))
         steps = [1] * len(starts)
@@ -204,7 +211,7 @@ def parse_concat(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
     xs = [x for x in ins if x is not None]
     if not xs:
         raise ctx.error("needs at least one input")
-    axis = ctx.attr("axis")
+    axis = ctx.attr("axis", 1 if ctx.opset < 4 else None)  # optional, default 1, before opset 4
     if axis is None:
         raise ctx.error("missing attribute 'axis'")
     axis = ctx.axis(axis, xs[0].shape.ndim)
