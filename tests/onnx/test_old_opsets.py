@@ -40,7 +40,8 @@ def model_of(case: Case, inits: Values) -> onnx.ModelProto:
     """IR version 3, which lists initializers among the graph inputs too."""
     f = TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info(k, f, list(v)) for k, v in case.inputs.items()]
-    inputs += [helper.make_tensor_value_info(k, f, list(v.shape)) for k, v in inits.items()]
+    inputs += [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+               for k, v in inits.items()]
     graph = helper.make_graph(case.nodes, case.id, inputs, [helper.make_tensor_value_info("y", f, None)],
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)], ir_version=3)
@@ -232,6 +233,11 @@ def layout_cases() -> list[Case]:
         Case("Slice-1 no axes", 1, [node("Slice", ["x"], starts=[1, 0], ends=[2, -1])], {"x": (4, 3, 5)}),
         Case("Unsqueeze-1 axes", 1, [node("Unsqueeze", ["x"], axes=[0, 3])], {"x": (2, 3)}),
         Case("Squeeze-1 axes", 1, [node("Squeeze", ["x"], axes=[0, 2])], {"x": (1, 3, 1, 2)}),
+        Case("Tile-1 tiles axis", 1, [node("Tile", ["x", "t", "a"])], {"x": (2, 3)},
+             lambda rng: {"t": np.array([3], np.int64), "a": np.array([1], np.int64)},
+             ref=lambda v: np.tile(v["x"], (1, 3))),
+        Case("Tile-6 repeats", 6, [node("Tile", ["x", "t"])], {"x": (2, 3)},
+             lambda rng: {"t": np.array([2, 2], np.int64)}),
         Case("Transpose-1", 1, [node("Transpose", ["x"], perm=[2, 0, 1])], {"x": (2, 3, 4)}),
     ]
 

@@ -148,11 +148,20 @@ def parse_slice(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
 
 @onnx_op("Tile")
 def parse_tile(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    """Tiling is a view: [d0, d1] -> unsqueeze [1, d0, 1, d1] -> broadcast [r0, d0, r1, d1] -> reshape."""
+    """Tiling is a view: [d0, d1] -> unsqueeze [1, d0, 1, d1] -> broadcast [r0, d0, r1, d1] -> reshape.
+
+    Before opset 6 the inputs were a count (`tiles`) and the one `axis` it repeats."""
     x = ins[0]
     assert x is not None
-    reps = _ints(ctx, ins[1], "repeats")
     r = x.shape.ndim
+    if ctx.opset < 6:
+        if len(ins) < 3 or ins[2] is None:
+            raise ctx.error("needs inputs tiles and axis before opset 6")
+        axis = ctx.axis(_ints(ctx, ins[2], "axis")[0], r)
+        reps = [1] * r
+        reps[axis] = _ints(ctx, ins[1], "tiles")[0]
+    else:
+        reps = _ints(ctx, ins[1], "repeats")
     if len(reps) != r or any(n < 1 for n in reps):
         raise ctx.error(f"repeats {reps} must be {r} positive values")
     if all(n == 1 for n in reps):
