@@ -22,7 +22,7 @@ from fusegraph.ops.base import Op
 from fusegraph.ops.constant_fold import fold, foldable
 from fusegraph.ops.source import add_literal
 
-MIN_OPSET = 7  # the oldest default-domain opset the parsers read
+MIN_OPSET = 1  # the oldest default-domain opset the parsers read
 
 ONNX_TO_DTYPE: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.float32,
@@ -148,6 +148,24 @@ class ImportContext:
             raise self.error("operands cannot be broadcast together: " +
                              ", ".join(str(list(x.shape.lens)) for x in xs)) from None
         return [x if x.shape.lens == lens else self.add(MultiBroadcast(lens), [x]) for x in xs]
+
+    def legacy_broadcast(self, a: Instruction, b: Instruction) -> Instruction:
+        """B lined up against A the way opsets before 7 broadcast it.
+
+        There `broadcast=1, axis=k` matched B's dims to A's dims k, k+1, ...; NumPy rules align
+        trailing dims instead, so B gets length-1 dims after it to reach A's end. Without `axis`
+        the old rule matched the trailing dims, which NumPy rules already do, and a one-element B
+        broadcasts anywhere.
+        """
+        from fusegraph.ops.views import Unsqueeze
+
+        if self.opset >= 7 or not self.attr("broadcast", 0) or not self.has_attr("axis") or b.shape.elements == 1:
+            return b
+        axis = self.axis(self.attr("axis"), a.shape.ndim, "broadcast axis")
+        tail = a.shape.ndim - axis - b.shape.ndim
+        if tail < 0 or a.shape.lens[axis:axis + b.shape.ndim] != b.shape.lens:
+            raise self.error(f"B {list(b.shape.lens)} does not match A {list(a.shape.lens)} from axis {axis}")
+        return self.add(Unsqueeze(range(b.shape.ndim, b.shape.ndim + tail)), [b]) if tail else b
 
     def convert(self, x: Instruction, dtype: DType) -> Instruction:
         from fusegraph.ops.pointwise import Convert

@@ -382,7 +382,7 @@ def structure_cases() -> list[tuple[str, Callable[[], onnx.ModelProto], str, str
         ("input elem_type 999", _with(relu_model, _input_elem(999)), "ParseError", "'x'"),
         ("input elem_type UNDEFINED", _with(relu_model, _input_elem(0)), "ParseError", "'x'"),
         ("input elem_type STRING", _with(relu_model, _input_elem(TensorProto.STRING)), "ParseError", "'x'"),
-        ("opset 1", _with(relu_model, _opset(1)), "ParseError", "opset 1"),
+        ("opset 0", _with(relu_model, _opset(0)), "ParseError", "opset 0"),
         ("opset 99", _with(relu_model, _opset(99)), "ParseError", "opset 99"),
         ("unknown domain", _with(relu_model, _domain("org.nowhere")), "UnsupportedOpError", "org.nowhere.Relu"),
         ("custom-domain op", lambda: one_node("Frobnicate", {"x": [2]}), "UnsupportedOpError", "Frobnicate"),
@@ -610,7 +610,7 @@ def yolo_cases(yolo: Callable[[], onnx.ModelProto]) -> list[Case]:
         ("Mul as custom op", lambda m: setattr(node_named(m, "Mul"), "domain", "com.vendor"), "UnsupportedOpError",
          "com.vendor.Mul"),
         ("opset 99", _opset(99), "ParseError", "opset 99"),
-        ("opset 1", _opset(1), "ParseError", "opset 1"),
+        ("opset 0", _opset(0), "ParseError", "opset 0"),
     ]]
 
 

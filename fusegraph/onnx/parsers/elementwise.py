@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction
 from fusegraph.ops import pointwise as pw
 from fusegraph.ops.base import is_float, make_op
-from fusegraph.onnx.context import ImportContext, onnx_dtype, onnx_op
+from fusegraph.onnx.context import ImportContext, onnx_dtype, onnx_op, prod
 
 _BINARY = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div",
@@ -38,7 +39,9 @@ def binary(ctx: ImportContext, name: str, a: Instruction, b: Instruction) -> Ins
 def _make_binary(op_type: str, name: str) -> None:
     @onnx_op(op_type)
     def parse(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-        return binary(ctx, name, ins[0], ins[1])  # type: ignore[arg-type]
+        a, b = ins[0], ins[1]
+        assert a is not None and b is not None
+        return binary(ctx, name, a, ctx.legacy_broadcast(a, b))
 
 
 def _make_unary(op_type: str, name: str) -> None:
@@ -73,6 +76,7 @@ def parse_pow(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     and truncated (2 ** 0.5 -> 1), as ONNX Runtime does; converting the exponent would give 2 ** 0."""
     base, exp = ins[0], ins[1]
     assert base is not None and exp is not None
+    exp = ctx.legacy_broadcast(base, exp)
     if base.shape.dtype.is_integer and exp.shape.dtype.is_float:
         wide = binary(ctx, "pow", ctx.convert(base, DType.float64), ctx.convert(exp, DType.float64))
         return ctx.convert(wide, base.shape.dtype)
@@ -216,6 +220,10 @@ def parse_cast(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction
     to = ctx.attr("to")
     if to is None:
         raise ctx.error("missing attribute 'to'")
+    if isinstance(to, str):  # before opset 6 the type is named: "FLOAT"
+        if to not in onnx.TensorProto.DataType.keys():
+            raise ctx.error(f"attribute to={to!r} names no element type")
+        to = onnx.TensorProto.DataType.Value(to)
     x = ins[0]
     assert x is not None
     return ctx.convert(x, onnx_dtype(to, ctx.where))
@@ -228,9 +236,13 @@ def parse_identity(ctx: ImportContext, ins: list[Instruction | None]) -> Instruc
 
 @onnx_op("Dropout")
 def parse_dropout(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
-    """Inference mode only: the data passes through and the mask is all true."""
+    """Inference mode only: the data passes through and the mask is all true. Before opset 7
+    `is_test=1` asks for inference mode; `ratio` matters only in training."""
     x = ins[0]
     assert x is not None
+    if ctx.opset < 7 and not ctx.attr("is_test", 0):
+        raise ctx.error("is_test=0 (training: drops elements at random) is not supported "
+                        "(fusegraph compiles for inference; export with is_test=1)")
     training = ctx.require_const(ins[2], "training_mode") if len(ins) > 2 and ins[2] is not None else None
     if training is not None and bool(training):
         raise ctx.error("training_mode=true is not supported (fusegraph compiles for inference)")
@@ -240,25 +252,30 @@ def parse_dropout(ctx: ImportContext, ins: list[Instruction | None]) -> list[Ins
 
 @onnx_op("BatchNormalization")
 def parse_batch_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Inference only: normalize with the given mean and variance. Before opset 7 `is_test=1` says
+    so (0 asks for batch statistics); before opset 9 `spatial=0` gives each element of [C, D1, ...]
+    its own parameters instead of each channel."""
     from fusegraph.ops.views import Reshape
 
     x, scale, bias, mean, var = ins[:5]
     assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
     if ctx.attr("training_mode", 0):
         raise ctx.error("training_mode=1 is not supported (fusegraph compiles for inference)")
-    if ctx.opset < 9 and not ctx.attr("spatial", 1):
-        raise ctx.error("spatial=0 (statistics per element, not per channel) is not supported")
+    if ctx.opset < 7 and not ctx.attr("is_test", 0):
+        raise ctx.error("is_test=0 (training: statistics of the batch) is not supported "
+                        "(fusegraph compiles for inference; export with is_test=1)")
     if x.shape.ndim < 2:
         raise ctx.error(f"input must be [N, C, ...], got rank {x.shape.ndim}")
     c = x.shape.lens[1]
-    per_channel = [c] + [1] * (x.shape.ndim - 2)
+    if ctx.opset < 9 and not ctx.attr("spatial", 1):
+        lens, what = list(x.shape.lens[1:]), f"the input's {list(x.shape.lens[1:])} (spatial=0)"
+    else:
+        lens, what = [c] + [1] * (x.shape.ndim - 2), f"{c} channels"
     params = []
     for p in (scale, bias, mean, var):
-        if p.shape.elements != c:
-            raise ctx.error(f"parameter of shape {list(p.shape.lens)} does not match {c} channels")
+        if p.shape.elements != prod(lens):
+            raise ctx.error(f"parameter of shape {list(p.shape.lens)} does not match {what}")
         p = ctx.convert(p, x.shape.dtype)
-        params.append(ctx.add(Reshape(per_channel), [p]))
+        params.append(ctx.add(Reshape(lens), [p]))
     xs = ctx.broadcast(x, *params)
     return ctx.add(pw.BatchNorm(ctx.attr("epsilon", 1e-5)), xs)
-
-

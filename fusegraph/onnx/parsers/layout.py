@@ -29,7 +29,12 @@ def _ints(ctx: ImportContext, ins: Instruction | None, what: str) -> list[int]:
 def parse_reshape(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
     assert x is not None
-    dims = _ints(ctx, ins[1], "the target shape") if ctx.opset >= 5 else list(ctx.attr("shape", []))
+    if ctx.opset >= 5:
+        dims = _ints(ctx, ins[1], "the target shape")
+    elif ctx.has_attr("shape"):  # before opset 5 the target is an attribute
+        dims = list(ctx.attr("shape"))
+    else:
+        raise ctx.error("missing attribute 'shape'")
     allowzero = ctx.attr("allowzero", 0)
     out = []
     for i, d in enumerate(dims):
@@ -121,6 +126,8 @@ def parse_slice(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
     assert x is not None
     r = x.shape.ndim
     if ctx.opset < 10:
+        if not (ctx.has_attr("starts") and ctx.has_attr("ends")):
+            raise ctx.error("missing attribute 'starts' or 'ends'")
         starts, ends = list(ctx.attr("starts")), list(ctx.attr("ends"))
         axes = list(ctx.attr("axes", range(len(starts))))
         steps = [1] * len(starts)
@@ -141,11 +148,20 @@ def parse_slice(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
 
 @onnx_op("Tile")
 def parse_tile(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    """Tiling is a view: [d0, d1] -> unsqueeze [1, d0, 1, d1] -> broadcast [r0, d0, r1, d1] -> reshape."""
+    """Tiling is a view: [d0, d1] -> unsqueeze [1, d0, 1, d1] -> broadcast [r0, d0, r1, d1] -> reshape.
+
+    Before opset 6 the inputs were a count (`tiles`) and the one `axis` it repeats."""
     x = ins[0]
     assert x is not None
-    reps = _ints(ctx, ins[1], "repeats")
     r = x.shape.ndim
+    if ctx.opset < 6:
+        if len(ins) < 3 or ins[2] is None:
+            raise ctx.error("needs inputs tiles and axis before opset 6")
+        axis = ctx.axis(_ints(ctx, ins[2], "axis")[0], r)
+        reps = [1] * r
+        reps[axis] = _ints(ctx, ins[1], "tiles")[0]
+    else:
+        reps = _ints(ctx, ins[1], "repeats")
     if len(reps) != r or any(n < 1 for n in reps):
         raise ctx.error(f"repeats {reps} must be {r} positive values")
     if all(n == 1 for n in reps):
@@ -204,7 +220,7 @@ def parse_concat(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
     xs = [x for x in ins if x is not None]
     if not xs:
         raise ctx.error("needs at least one input")
-    axis = ctx.attr("axis")
+    axis = ctx.attr("axis", 1 if ctx.opset < 4 else None)  # optional, default 1, before opset 4
     if axis is None:
         raise ctx.error("missing attribute 'axis'")
     axis = ctx.axis(axis, xs[0].shape.ndim)

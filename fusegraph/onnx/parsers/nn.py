@@ -434,17 +434,27 @@ def parse_reduce(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
     return out
 
 
+def _upsample_1_scales(ctx: ImportContext, x: Instruction) -> list[float]:
+    """Opset 1's Upsample scaled the last two dims of [N, C, H, W] by two float attributes."""
+    if x.shape.ndim != 4 or not (ctx.has_attr("height_scale") and ctx.has_attr("width_scale")):
+        raise ctx.error("needs a 4-d input and attributes height_scale and width_scale")
+    return [1.0, 1.0, float(ctx.attr("height_scale")), float(ctx.attr("width_scale"))]
+
+
 @onnx_op("Resize", "Upsample")
 def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
     assert x is not None and ctx.node is not None
     r = x.shape.ndim
-    mode = ctx.check_attr("mode", ctx.attr("mode", "nearest"), ["nearest", "linear", "cubic"])
+    mode = ctx.attr("mode", "nearest")
+    mode = ctx.check_attr("mode", "linear" if mode == "bilinear" and ctx.opset < 7 else mode, ["nearest", "linear", "cubic"])
     if ctx.node.op_type == "Upsample" or ctx.opset < 11:
         scales_in, sizes_in = ins[1] if len(ins) > 1 else None, None
         coord = "asymmetric"
         if ctx.has_attr("scales"):
             scales_in = ctx.literal(np.array(ctx.attr("scales"), np.float32))
+        elif ctx.opset < 7:
+            scales_in = ctx.literal(np.array(_upsample_1_scales(ctx, x), np.float32))
     else:
         scales_in = ins[2] if len(ins) > 2 else None
         sizes_in = ins[3] if len(ins) > 3 else None
@@ -505,7 +515,10 @@ def parse_pad(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     r = x.shape.ndim
     mode = ctx.check_attr("mode", ctx.attr("mode", "constant"), ["constant", "reflect", "edge", "wrap"])
     if ctx.opset < 11:
-        pads, value = list(ctx.attr("pads")), float(ctx.attr("value", 0.0))
+        name = "paddings" if ctx.opset < 2 else "pads"  # opset 1 named the attribute paddings
+        if not ctx.has_attr(name):
+            raise ctx.error(f"missing attribute {name!r}")
+        pads, value = list(ctx.attr(name)), float(ctx.attr("value", 0.0))
         axes = list(range(r))
     else:
         pads = [int(p) for p in ctx.require_const(ins[1], "pads").reshape(-1)]
