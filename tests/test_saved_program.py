@@ -46,6 +46,13 @@ def cast_model():
     return make_model(nodes, {"x": [2, 5, 3]}, ["out"], {"lo": lo, "hi": hi}, opset=13)
 
 
+def pad_model():
+    """A non-finite attribute (-inf padding), which JSON itself cannot spell."""
+    pads, value = np.array([0, 1, 0, 1], np.int64), np.array(-np.inf, np.float32)
+    return make_model([helper.make_node("Pad", ["x", "p", "v"], ["out"])], {"x": [2, 3]}, ["out"],
+                      {"p": pads, "v": value}, opset=13)
+
+
 def assert_same(before, after, inputs: dict[str, np.ndarray]) -> None:
     want, got = before.run(inputs), after.run(inputs)
     assert list(got) == list(want)
@@ -57,7 +64,7 @@ def ref(program):
     return fusegraph.compile(program, "ref")
 
 
-@pytest.mark.parametrize("make", [lambda: conv_model(3), cast_model, lambda: "light_squeezenet"])
+@pytest.mark.parametrize("make", [lambda: conv_model(3), cast_model, pad_model, lambda: "light_squeezenet"])
 def test_a_program_round_trips_on_the_ref_target(make, tmp_path: Path) -> None:
     program = fusegraph.parse_onnx(make())
     fusegraph.save(program, tmp_path / "p.fgx")
@@ -166,6 +173,7 @@ def test_bad_files_are_saved_program_errors(tmp_path: Path, monkeypatch: pytest.
              (_rewritten(tmp_path, "input.fgx", lambda i: i["inputs"].append(10**6)), "not an earlier instruction"),
              (_rewritten(tmp_path, "attr.fgx", lambda i: i["attrs"].update(colour=1), "convolution"),
               "malformed: TypeError"),
+             (_rewritten(tmp_path, "extra.fgx", lambda i: i["attrs"].update(colour=1)), "add takes no attributes, .* colour"),
              (_rewritten(tmp_path, "shape.fgx", lambda i: i["shape"].update(lens=[1, 4, 8, 9], strides=[288, 72, 9, 1])),
               "the file says")]
     for path, message in cases:

@@ -16,7 +16,7 @@ from fusegraph.errors import FusegraphError, SavedProgramError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module, Program
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import REGISTRY, OpKind, is_fused
+from fusegraph.ops.base import REGISTRY, Op, OpKind, is_fused
 from fusegraph.ops.source import Literal, make_literal, make_param
 
 #: op kinds a saved program may hold: an unfused program has no fused groups or memory ops
@@ -80,6 +80,8 @@ def _instruction(entry: dict[str, Any], built: list[Instruction], tensors: dict[
     if cls is None or cls.kind not in _REBUILT_KINDS:
         raise SavedProgramError(f"{where}: unknown op {name!r} (this fusegraph has no such unfused op)")
     attrs = {a: _value_from_json(v) for a, v in entry["attrs"].items()}
+    if attrs and cls.__init__ is Op.__init__:  # the base constructor would keep any name it is given
+        raise SavedProgramError(f"{where}: {name} takes no attributes, the file gives {', '.join(sorted(attrs))}")
     op = cls(**attrs)
     if op.attrs != attrs:  # a constructor that reads its attributes differently than it stores them
         raise SavedProgramError(f"{where}: {name} rebuilt with attributes {op.attrs}, the file says {attrs}")
