@@ -61,7 +61,13 @@ def read(path: "str | os.PathLike[str]") -> tuple[dict[str, Any], dict[str, np.n
     text = metadata.get("document", "")
     if _sha(text.encode()) != metadata.get("document_sha256") or _tensor_digest(tensors) != metadata.get("tensors_sha256"):
         raise SavedProgramError(f"{where}: the checksum does not match: the file was changed or damaged after it was written")
-    return json.loads(text), tensors
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise SavedProgramError(f"{where}: the document is not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise SavedProgramError(f"{where}: the document is not a JSON object")
+    return doc, tensors
 
 
 def _metadata(data: bytes) -> dict[str, str]:
