@@ -77,15 +77,24 @@ def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: 
                             "compile the unfused program")
     if progress is not None and not callable(progress):
         raise ArgumentError(f"progress must be a callable (what, done, total) or None, got {type(progress).__name__}")
+    options = {"fp16": bool(fp16), "bf16": bool(bf16), "allow_tf32": bool(allow_tf32)}
     if target == "ref":
-        return compile_ref(program, fp16=bool(fp16), bf16=bool(bf16))
+        return _remember_source(compile_ref(program, fp16=bool(fp16), bf16=bool(bf16)), program, target, options)
     from fusegraph.targets.gpu.availability import require_gpu_target
 
     require_gpu_target()
     from fusegraph.targets.gpu.compiler import compile_gpu  # Triton and torch load only for this target
 
-    return compile_gpu(program, fp16=bool(fp16), bf16=bool(bf16), allow_tf32=bool(allow_tf32), tune=bool(tune),
-                       exhaustive_tune=bool(exhaustive_tune), progress=progress)
+    compiled = compile_gpu(program, **options, tune=bool(tune), exhaustive_tune=bool(exhaustive_tune), progress=progress)
+    return _remember_source(compiled, program, target, options)
+
+
+def _remember_source(compiled: Compiled, program: Program, target: str, options: dict[str, bool]) -> Compiled:
+    """Keep what `fusegraph.save` writes: the program as given and the options. Neither target
+    holds it (the gpu target keeps a fused copy, ref a half-precision one when asked)."""
+    compiled.source_program = program
+    compiled.source_options = {"target": target, **options}
+    return compiled
 
 
 def run(program_or_compiled: Union[Program, Compiled], inputs: Mapping[str, Any],

@@ -53,3 +53,9 @@ class ArgumentError(FusegraphError):
 class TargetUnavailableError(FusegraphError):
     """The gpu target cannot run here (torch or triton missing, no GPU where one is needed, or
     Triton's interpreter not switched on in time); the message says what to install or set."""
+
+
+class SavedProgramError(FusegraphError):
+    """A saved program (.fgx) cannot be written or read: missing, not a .fgx file, truncated,
+    changed since it was written (a checksum fails), of another format version, or naming an op
+    this fusegraph does not have; the message names the file and what is wrong."""

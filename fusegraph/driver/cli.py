@@ -85,8 +85,9 @@ def _directory(text: str) -> str:
     return text
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help="an .onnx file or a zoo name")
+def _model_args(p: argparse.ArgumentParser, saved: bool = False) -> None:
+    p.add_argument("model", metavar="MODEL",
+                   help="an .onnx file, a zoo name" + (" or a saved program (.fgx)" if saved else ""))
     p.add_argument("--input-dim", action="append", metavar="NAME:D0,D1,...",
                    help="fix the dimensions of an input, e.g. images:1,3,640,640 (repeatable)")
 
@@ -129,17 +130,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
 
-    program = _load(args)
-    _fuse(program, args)
+    from fusegraph.driver.saved_files import is_saved_file, runnable
+
+    if is_saved_file(args.model):
+        program, target = runnable(args)
+    else:
+        program, target = _load(args), "ref"
+        _fuse(program, args)
     inputs = load_inputs(args.input, program.input_shapes, args.seed)
     start = time.perf_counter()
-    outputs = api.run(program, inputs, target="ref")
+    outputs = api.run(program, inputs, target=target)
     elapsed = time.perf_counter() - start
     for name, value in outputs.items():
+        value = np.asarray(value)
         print(_summary(name, value))
         if args.save:
             np.save(f"{args.save.rstrip('/')}/{_safe(name)}.npy", value)
-    print(f"ran on the ref target in {elapsed * 1e3:.1f} ms")
+    print(f"ran on the {target} target in {elapsed * 1e3:.1f} ms")
     return 0
 
 
@@ -224,6 +231,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from fusegraph.driver.verify import run_onnxruntime
     from fusegraph.onnx.loader import load_model
 
+    from fusegraph.driver.saved_files import is_saved_file
+
+    if is_saved_file(args.model):
+        return _verify_saved(args)
     if args.target == "gpu":
         return _verify_gpu(args)
     _reject_gpu_options(args)
@@ -242,18 +253,52 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return _report(ours, theirs, args.tolerance)
 
 
+def _verify_saved(args: argparse.Namespace) -> int:
+    """A .fgx file has no ONNX model to hand ONNX Runtime: what it compiles to (a saved Program:
+    compiled for --target) is checked against its own program, unfused and fp32, on the ref target."""
+    from fusegraph import api
+    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.saved_files import load_saved
+
+    loaded = load_saved(args)
+    target = api.compiled_target(loaded)
+    if target is None:
+        program = loaded
+        if args.target == "ref":
+            _reject_gpu_options(args)
+            compiled = api.compile(api.fuse(program) if args.fused else program, "ref")
+        else:
+            compiled = api.compile(program, "gpu", **_gpu_options(args))
+    else:
+        _reject_gpu_options(args, f"{args.model} was compiled with its own options")
+        program, compiled = loaded.source_program, loaded
+    options = compiled.source_options
+    fp32 = not (options["fp16"] or options["bf16"])
+    tolerance = args.tolerance if args.tolerance is not None else (
+        1e-5 if options["target"] == "ref" and fp32 else 1e-4 if fp32 and not options["allow_tf32"] else
+        1e-3 if fp32 else 1e-2)
+    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    got = api.run(compiled, {k: v.astype(compiled.input_shapes[k].dtype.numpy) for k, v in inputs.items()})
+    want = api.run(program, inputs, target="ref")
+    mode = "fp32" if fp32 else "fp16" if options["fp16"] else "bf16"
+    print(f"fusegraph ({args.model}: {options['target']} target, {mode}) vs ref target, seed {args.seed}:")
+    return _report({k: np.asarray(got[k]).astype(v.dtype) for k, v in want.items()}, want, tolerance)
+
+
 GPU_ONLY_OPTIONS = {"fp16": "--fp16", "bf16": "--bf16", "allow_tf32": "--allow-tf32", "no_tune": "--no-tune",
                     "exhaustive_tune": "--exhaustive-tune"}
 
 
-def _reject_gpu_options(args: argparse.Namespace) -> None:
-    """`verify` on the ref target compares fp32 with ONNX Runtime's fp32: a precision or tuning
-    option would be ignored there, so asking for one is a mistake worth one line."""
+def _reject_gpu_options(args: argparse.Namespace, why: str = "") -> None:
+    """`verify` on the ref target compares fp32 with ONNX Runtime's fp32 (and a compiled .fgx
+    file brings its own options): a precision or tuning option would be ignored there, so asking
+    for one is a mistake worth one line."""
     given = [flag for dest, flag in GPU_ONLY_OPTIONS.items() if getattr(args, dest)]
     if given:
         from fusegraph.errors import ArgumentError
 
-        raise ArgumentError(f"{' and '.join(given)} applies to the gpu target only: add --target gpu "
+        raise ArgumentError(f"{' and '.join(given)} does not apply: {why}" if why else
+                            f"{' and '.join(given)} applies to the gpu target only: add --target gpu "
                             "(the ref target checks fp32 against ONNX Runtime)")
 
 
@@ -261,6 +306,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from fusegraph.passes.pipeline import compile_program
 
     program = _load(args)
+    saved = None
+    if args.output:
+        from fusegraph.driver.saved_files import write_compiled
+
+        saved = write_compiled(args, program)  # before the passes below change the program in place
     if args.fp16 or args.bf16:
         from fusegraph.ir.dtypes import DType
         from fusegraph.passes.to_half import ToHalf
@@ -276,6 +326,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"# {src.name}: template {src.template}, configs {src.configs}")
             print(src.body)
     print(report)
+    if saved:
+        print(saved)
     return 0
 
 
@@ -333,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)
         p.set_defaults(func=fn)
         if name in ("read", "compile", "run", "verify", "perf"):
-            _model_args(p)
+            _model_args(p, saved=name in ("run", "verify"))
         if name in ("run", "verify", "perf"):
             _run_args(p)
         if name in ("run", "verify"):
@@ -362,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--trace-passes", action="store_true",
                            help="print the program after each pass and the time each pass took")
             p.add_argument("--kernels", action="store_true", help="print the generated Triton source of every kernel")
+            p.add_argument("-o", "--output", metavar="FILE.fgx",
+                           help="also compile for the gpu target (tuned on a GPU) and save the program there")
     return parser
 
 
