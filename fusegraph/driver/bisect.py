@@ -16,6 +16,7 @@ import numpy as np
 
 from fusegraph.driver.verify import Comparison, compare
 from fusegraph.ir.printer import format_module, instruction_names
+from fusegraph.ops.base import is_param
 from fusegraph.targets.gpu.compiled_program import torch_to_host
 from fusegraph.targets.gpu.memory_plan import physical_shape, stored_buffer_input
 from fusegraph.targets.ref.runner import instruction_values, run_module
@@ -90,8 +91,11 @@ def _reference(ins: "Instruction", want: Mapping[int, np.ndarray]) -> tuple[np.n
 
 
 def origin_names(ins: "Instruction") -> list[str]:
-    """The ONNX nodes a fused instruction came from, in its sub-module's order, each once."""
-    names = [ins.origin] + [x.origin for x in ins.op.module.instructions]
+    """The ONNX nodes whose computation a fused instruction holds, in its sub-module's order,
+    each once. Parameters, loads and fresh buffers are left out: they carry the origin of the
+    value they read (another kernel's node), not of work done here."""
+    names = [x.origin for x in ins.op.module.instructions
+             if not is_param(x) and x.op.name not in ("load", "allocate")] + [ins.origin]
     return list(dict.fromkeys(n for n in names if n))
 
 
