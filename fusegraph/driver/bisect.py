@@ -62,12 +62,14 @@ def bisect(compiled: "CompiledProgram", inputs: Mapping[str, np.ndarray], tolera
 
 
 def _kernel_output(compiled: "CompiledProgram", bound: Any, ins: "Instruction") -> np.ndarray:
-    """The logical value of `ins` in its buffer: the buffer read through its physical layout."""
+    """The logical value of `ins` in its buffer: the buffer read through its physical layout.
+    An arena buffer is a view into the arena, and `as_strided` counts its offset from the start
+    of the storage, so the view's own offset is added."""
     import torch
 
     shape = physical_shape(ins, compiled.plan)
     flat = bound.tensor(compiled.plan.of[id(ins)])
-    return torch_to_host(torch.as_strided(flat, shape.lens, shape.strides, shape.offset))
+    return torch_to_host(torch.as_strided(flat, shape.lens, shape.strides, flat.storage_offset() + shape.offset))
 
 
 def _reference(ins: "Instruction", want: Mapping[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:

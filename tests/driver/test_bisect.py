@@ -53,6 +53,23 @@ def test_every_instruction_agrees(tmp_path, capsys):
     assert out.rstrip().endswith("all 2 fused instructions agree with the ref target")
 
 
+def test_intermediates_are_read_where_the_arena_holds_them(tmp_path, capsys):
+    """Three convs where the first one's value lives until the last: the second kernel's value
+    sits at a non-zero arena offset (channels-last), and is read there."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv_0", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "w2"], ["d"], name="conv_1", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "d"], ["e"], name="add_2"),
+             helper.make_node("Conv", ["e", "w3"], ["f"], name="conv_3", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["f", "c"], ["y"], name="add_4")]
+    weights = {k: rand(4, 4, 3, 3, seed=5 + i, scale=0.3) for i, k in enumerate(["w1", "w2", "w3"])}
+    path, given, _ = _save(tmp_path, make_model(nodes, {"x": X}, ["y"], weights))
+    assert main(["verify", path, "--target", "gpu", "--bisect", "--input", given]) == 0
+    out = capsys.readouterr().out
+    steps = _step_lines(out)
+    assert [s.split()[2] for s in steps] == ["k0_conv:", "k1_conv_add:", "k2_conv_add:"]
+    assert all(s.endswith("PASS") for s in steps)
+
+
 def test_concat_parts_are_compared_where_each_kernel_writes(tmp_path, capsys):
     """Concat elimination: two kernels store into halves of one buffer; each is compared on its
     own half (the other half is not written yet when it is read)."""
