@@ -119,6 +119,23 @@ def test_a_failing_verify_bisects_without_the_flag(tmp_path, capsys, monkeypatch
     assert "\nFAIL\n" in out and "first difference: @3" in out
 
 
+def test_instruction_values_keep_every_value_and_agree_with_a_run():
+    """The ref runner's per-instruction values: one for every instruction of the main module,
+    the returned ones equal to a run's outputs (which NumPy's own transpose and max confirm)."""
+    from fusegraph import api
+    from fusegraph.targets.ref.runner import instruction_values
+
+    program = api.parse_onnx(_conv_add_transpose_relu())
+    x = np.random.default_rng(7).standard_normal(X).astype(np.float32)
+    values = instruction_values(program, {"x": x})
+    assert set(values) == {id(ins) for ins in program.main.instructions}
+    outputs = api.run(program, {"x": x}, target="ref")
+    for name, ret in zip(program.main.return_names, program.main.returns):
+        np.testing.assert_array_equal(values[id(ret)], outputs[name])
+    a = outputs["a"].astype(np.float64)
+    np.testing.assert_allclose(outputs["y"], np.maximum(np.transpose(a, (0, 2, 3, 1)), 0), rtol=1e-6)
+
+
 def test_bisect_needs_the_gpu_target(capsys):
     assert main(["verify", "light_squeezenet", "--bisect"]) == 2
     err = capsys.readouterr().err
