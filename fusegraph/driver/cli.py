@@ -191,7 +191,14 @@ def _verify_gpu(args: argparse.Namespace) -> int:
     mode = "fp16" if args.fp16 else "bf16" if args.bf16 else ("fp32, tf32 products" if args.allow_tf32 else "fp32")
     where = "Triton interpreter (CPU)" if compiled.interpreted else "GPU"
     print(f"fusegraph gpu target ({mode}, {compiled.kernel_count} kernels, {where}) vs ref target, seed {args.seed}:")
-    return _report({k: np.asarray(got[k]).astype(v.dtype) for k, v in want.items()}, want, tolerance)
+    code = _report({k: np.asarray(got[k]).astype(v.dtype) for k, v in want.items()}, want, tolerance)
+    if code or args.bisect:
+        from fusegraph.driver.bisect import bisect, report
+
+        text, agree = report(bisect(compiled, inputs, tolerance))
+        print(text)
+        code = code or (0 if agree else 1)
+    return code
 
 
 def _report(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray], tolerance: float) -> int:
@@ -237,6 +244,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return _verify_saved(args)
     if args.target == "gpu":
         return _verify_gpu(args)
+    if args.bisect:
+        from fusegraph.errors import ArgumentError
+
+        raise ArgumentError("--bisect compares the gpu target's kernels one by one: add --target gpu")
     _reject_gpu_options(args)
     if args.tolerance is None:
         args.tolerance = 1e-5
@@ -404,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tolerance", type=_tolerance, default=None,
                            help="largest relative norm error that passes (default 1e-5 for ref; for gpu 1e-4 in "
                                 "fp32, 1e-3 with --allow-tf32, 1e-2 in fp16/bf16)")
+            p.add_argument("--bisect", action="store_true",
+                           help="with --target gpu: compare every fused instruction's output with the reference "
+                                "target's, kernel by kernel, and name the first that differs (also done on FAIL)")
         if name == "perf":
             p.add_argument("-n", "--iterations", type=_positive_int, default=100, help="timed runs (default 100)")
             p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (JSON) of one run")

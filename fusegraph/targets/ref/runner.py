@@ -56,8 +56,14 @@ def check_inputs(params: Mapping[str, Shape], inputs: Mapping[str, Any]) -> dict
 def run_module(module: Module, args: Mapping[Instruction, np.ndarray] | None = None,
                params: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
     """Evaluate `module`; parameters come from `args` (by instruction) or `params` (by name)."""
-    args = dict(args or {})
-    params = params or {}
+    values = _module_values(module, args or {}, params or {}, free=True)
+    return [values[id(r)] for r in module.returns]
+
+
+def _module_values(module: Module, args: Mapping[Instruction, np.ndarray], params: Mapping[str, np.ndarray],
+                   free: bool) -> dict[int, np.ndarray]:
+    """Every instruction's value by instruction id; with `free`, each value but the returned ones
+    is dropped after its last reader (a run keeps only what is still needed)."""
     last_use: dict[int, int] = {}
     for k, ins in enumerate(module.instructions):
         for x in ins.inputs:
@@ -76,9 +82,15 @@ def run_module(module: Module, args: Mapping[Instruction, np.ndarray] | None = N
                 except KeyError:
                     raise RuntimeError(f"instruction {ins.op} reads a value that is not computed yet") from None
             for x in ins.inputs:
-                if last_use.get(id(x)) == k and id(x) not in keep:
+                if free and last_use.get(id(x)) == k and id(x) not in keep:
                     values.pop(id(x), None)
-    return [values[id(r)] for r in module.returns]
+    return values
+
+
+def instruction_values(program: Program, inputs: Mapping[str, Any]) -> dict[int, np.ndarray]:
+    """The value of every instruction of the main module, by `id(instruction)`, on checked
+    inputs: what a per-instruction comparison with another target reads (a run frees them)."""
+    return _module_values(program.main, {}, check_inputs(program.input_shapes, inputs), free=False)
 
 
 def _evaluate(ins: Instruction, args: list[np.ndarray]) -> np.ndarray:
