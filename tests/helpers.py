@@ -23,6 +23,18 @@ def make_model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, Sequence[int]]
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
+def conv_silu_add_model(seed: int) -> onnx.ModelProto:
+    """x[1,3,8,8] -> Conv 3x3 (bias, weights from `seed`) -> SiLU -> + y broadcast per channel:
+    one anchor with an epilogue and a side input, the smallest model that exercises a fused kernel."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["m"]),
+             helper.make_node("Add", ["m", "y"], ["out"])]
+    return make_model(nodes, {"x": [1, 3, 8, 8], "y": [1, 4, 1, 1]}, ["out"], {"w": w, "b": b})
+
+
 def has_gpu() -> bool:
     """Whether an NVIDIA GPU is visible, decided without importing torch or triton."""
     import shutil

@@ -11,24 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
 
 import fusegraph
 from fusegraph import api
 from fusegraph.errors import ArgumentError, InputError
 from fusegraph.targets.ref.runner import RefProgram
-from tests.helpers import make_model, ort_run, rel_err
-
-
-def conv_model(seed: int):
-    """x[1,3,8,8] -> Conv 3x3 (bias) -> Sigmoid * itself (SiLU) -> + y broadcast per channel."""
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(4).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["m"]),
-             helper.make_node("Add", ["m", "y"], ["out"])]
-    return make_model(nodes, {"x": [1, 3, 8, 8], "y": [1, 4, 1, 1]}, ["out"], {"w": w, "b": b})
+from tests.helpers import conv_silu_add_model, ort_run, rel_err
 
 
 def fresh(seed: int) -> dict[str, np.ndarray]:
@@ -44,7 +32,7 @@ def test_the_package_re_exports_the_api() -> None:
 
 @pytest.mark.parametrize("seed", [3, 11])
 def test_ref_paths_match_onnxruntime(seed: int) -> None:
-    model, inputs = conv_model(seed), fresh(seed + 100)
+    model, inputs = conv_silu_add_model(seed), fresh(seed + 100)
     (want,) = ort_run(model, inputs)
     program = fusegraph.parse_onnx(model)
     assert rel_err(fusegraph.run(program, inputs)["out"], want) < 1e-5
@@ -59,7 +47,7 @@ def test_ref_paths_match_onnxruntime(seed: int) -> None:
 
 
 def test_gpu_target_matches_onnxruntime() -> None:
-    model, inputs = conv_model(5), fresh(6)
+    model, inputs = conv_silu_add_model(5), fresh(6)
     (want,) = ort_run(model, inputs)
     program = fusegraph.parse_onnx(model)
     compiled = fusegraph.compile(program, "gpu", tune=False)
@@ -71,7 +59,7 @@ def test_gpu_target_matches_onnxruntime() -> None:
 
 
 def test_half_precision_on_both_targets() -> None:
-    model, inputs = conv_model(8), fresh(9)
+    model, inputs = conv_silu_add_model(8), fresh(9)
     (want,) = ort_run(model, inputs)
     half = {k: v.astype(np.float16) for k, v in inputs.items()}
     for target in ("ref", "gpu"):
@@ -93,7 +81,7 @@ def test_a_zoo_model_matches_onnxruntime() -> None:
 
 
 def test_wrong_arguments_name_themselves() -> None:
-    model = conv_model(1)
+    model = conv_silu_add_model(1)
     program = fusegraph.parse_onnx(model)
     cases = [
         (lambda: fusegraph.compile(program, "cuda"), r"unknown target 'cuda'; the targets are: 'gpu', 'ref'"),
@@ -123,7 +111,7 @@ def test_wrong_arguments_name_themselves() -> None:
 
 
 def test_bad_inputs_are_input_errors_on_both_targets() -> None:
-    program = fusegraph.parse_onnx(conv_model(2))
+    program = fusegraph.parse_onnx(conv_silu_add_model(2))
     for target in ("ref", "gpu"):
         compiled = fusegraph.compile(program, target, tune=False)
         with pytest.raises(InputError, match="missing.*'y'"):

@@ -18,18 +18,7 @@ from onnx import TensorProto, helper
 import fusegraph
 from fusegraph.errors import ArgumentError, SavedProgramError
 from fusegraph.saved_program import container
-from tests.helpers import fresh_inputs, make_model
-
-
-def conv_model(seed: int):
-    """x[1,3,8,8] -> Conv 3x3 (bias) -> SiLU -> + y broadcast per channel."""
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(4).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["m"]),
-             helper.make_node("Add", ["m", "y"], ["out"])]
-    return make_model(nodes, {"x": [1, 3, 8, 8], "y": [1, 4, 1, 1]}, ["out"], {"w": w, "b": b})
+from tests.helpers import conv_silu_add_model, fresh_inputs, make_model
 
 
 def cast_model():
@@ -64,7 +53,7 @@ def ref(program):
     return fusegraph.compile(program, "ref")
 
 
-@pytest.mark.parametrize("make", [lambda: conv_model(3), cast_model, pad_model, lambda: "light_squeezenet"])
+@pytest.mark.parametrize("make", [lambda: conv_silu_add_model(3), cast_model, pad_model, lambda: "light_squeezenet"])
 def test_a_program_round_trips_on_the_ref_target(make, tmp_path: Path) -> None:
     program = fusegraph.parse_onnx(make())
     fusegraph.save(program, tmp_path / "p.fgx")
@@ -75,7 +64,7 @@ def test_a_program_round_trips_on_the_ref_target(make, tmp_path: Path) -> None:
 
 
 def test_a_compiled_ref_program_keeps_its_half_precision(tmp_path: Path) -> None:
-    program = fusegraph.parse_onnx(conv_model(4))
+    program = fusegraph.parse_onnx(conv_silu_add_model(4))
     for flag in ("fp16", "bf16"):
         compiled = fusegraph.compile(program, "ref", **{flag: True})
         fusegraph.save(compiled, tmp_path / f"{flag}.fgx")
@@ -86,7 +75,7 @@ def test_a_compiled_ref_program_keeps_its_half_precision(tmp_path: Path) -> None
 
 
 def test_bfloat16_literals_round_trip(tmp_path: Path) -> None:
-    half = fusegraph.compile(fusegraph.parse_onnx(conv_model(5)), "ref", bf16=True).program
+    half = fusegraph.compile(fusegraph.parse_onnx(conv_silu_add_model(5)), "ref", bf16=True).program
     fusegraph.save(half, tmp_path / "b.fgx")
     loaded = fusegraph.load(tmp_path / "b.fgx")
     assert str(loaded) == str(half)
@@ -96,7 +85,7 @@ def test_bfloat16_literals_round_trip(tmp_path: Path) -> None:
 def test_a_gpu_program_loads_with_its_stored_configs(tmp_path: Path) -> None:
     """Under the interpreter compile picks the largest tiles; one kernel is set to another of its
     candidates, and the loaded program must come back with that config, not the default."""
-    program = fusegraph.parse_onnx(conv_model(6))
+    program = fusegraph.parse_onnx(conv_silu_add_model(6))
     compiled = fusegraph.compile(program, "gpu", tune=False)
     kernel = compiled.kernels[0]
     other = next(c for c in kernel.src.configs if c != kernel.config)
@@ -110,7 +99,7 @@ def test_a_gpu_program_loads_with_its_stored_configs(tmp_path: Path) -> None:
 
 
 def test_a_gpu_program_keeps_fp16(tmp_path: Path) -> None:
-    program = fusegraph.parse_onnx(conv_model(7))
+    program = fusegraph.parse_onnx(conv_silu_add_model(7))
     compiled = fusegraph.compile(program, "gpu", fp16=True, tune=False)
     fusegraph.save(compiled, tmp_path / "h.fgx")
     loaded = fusegraph.load(tmp_path / "h.fgx")
@@ -120,7 +109,7 @@ def test_a_gpu_program_keeps_fp16(tmp_path: Path) -> None:
 
 def test_kernels_without_a_stored_config_are_retuned(tmp_path: Path) -> None:
     """A file whose digests match no regenerated kernel (another fusegraph wrote it) still loads."""
-    program = fusegraph.parse_onnx(conv_model(8))
+    program = fusegraph.parse_onnx(conv_silu_add_model(8))
     compiled = fusegraph.compile(program, "gpu", tune=False)
     fusegraph.save(compiled, tmp_path / "g.fgx")
     doc, tensors = container.read(tmp_path / "g.fgx")
@@ -134,7 +123,7 @@ def test_kernels_without_a_stored_config_are_retuned(tmp_path: Path) -> None:
 def _rewritten(tmp_path: Path, name: str, change, op: str = "add") -> Path:
     """A valid file whose document `change` edited in the last instruction of op `op`
     (checksums written anew)."""
-    fusegraph.save(fusegraph.parse_onnx(conv_model(9)), tmp_path / "ok.fgx")
+    fusegraph.save(fusegraph.parse_onnx(conv_silu_add_model(9)), tmp_path / "ok.fgx")
     doc, tensors = container.read(tmp_path / "ok.fgx")
     change([i for i in doc["program"]["instructions"] if i["op"] == op][-1])
     container.write(tmp_path / name, doc, tensors)
@@ -152,7 +141,7 @@ def _flip(path: Path, position: int) -> Path:
 def test_bad_files_are_saved_program_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from safetensors.numpy import save_file
 
-    fusegraph.save(fusegraph.parse_onnx(conv_model(10)), tmp_path / "ok.fgx")
+    fusegraph.save(fusegraph.parse_onnx(conv_silu_add_model(10)), tmp_path / "ok.fgx")
     good = (tmp_path / "ok.fgx").read_bytes()
     (tmp_path / "text.fgx").write_text("not a model\n")
     (tmp_path / "short.fgx").write_bytes(good[:len(good) - 10])
@@ -182,7 +171,7 @@ def test_bad_files_are_saved_program_errors(tmp_path: Path, monkeypatch: pytest.
         assert str(path) in str(e.value)
     for version in (0, container.VERSION + 1):
         monkeypatch.setattr(container, "VERSION", version)
-        fusegraph.save(fusegraph.parse_onnx(conv_model(10)), tmp_path / f"v{version}.fgx")
+        fusegraph.save(fusegraph.parse_onnx(conv_silu_add_model(10)), tmp_path / f"v{version}.fgx")
         monkeypatch.undo()
         with pytest.raises(SavedProgramError, match=f"format version '{version}'.*reads version {container.VERSION}"):
             fusegraph.load(tmp_path / f"v{version}.fgx")
@@ -192,7 +181,7 @@ def test_the_file_is_plain_json_and_arrays(tmp_path: Path) -> None:
     """Nothing in the file is code: the metadata is JSON text, the tensors are safetensors arrays."""
     from safetensors import safe_open
 
-    program = fusegraph.parse_onnx(conv_model(11))
+    program = fusegraph.parse_onnx(conv_silu_add_model(11))
     fusegraph.save(program, tmp_path / "p.fgx")
     with safe_open(str(tmp_path / "p.fgx"), framework="np") as f:
         metadata = f.metadata()
@@ -204,7 +193,7 @@ def test_the_file_is_plain_json_and_arrays(tmp_path: Path) -> None:
 
 
 def test_wrong_arguments_and_unsavable_programs(tmp_path: Path) -> None:
-    program = fusegraph.parse_onnx(conv_model(12))
+    program = fusegraph.parse_onnx(conv_silu_add_model(12))
     with pytest.raises(ArgumentError, match="path must be a file path"):
         fusegraph.save(program, 3)
     with pytest.raises(ArgumentError, match="must be a Program or what fusegraph.compile returned"):

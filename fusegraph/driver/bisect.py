@@ -16,7 +16,7 @@ import numpy as np
 
 from fusegraph.driver.verify import Comparison, compare
 from fusegraph.ir.printer import format_module, instruction_names
-from fusegraph.ops.base import is_param
+from fusegraph.ops.base import is_allocate, is_load, is_param
 from fusegraph.targets.gpu.compiled_program import torch_to_host
 from fusegraph.targets.gpu.memory_plan import physical_shape, stored_buffer_input
 from fusegraph.targets.ref.runner import instruction_values, run_module
@@ -97,7 +97,7 @@ def origin_names(ins: "Instruction") -> list[str]:
     each once. Parameters, loads and fresh buffers are left out: they carry the origin of the
     value they read (another kernel's node), not of work done here."""
     names = [x.origin for x in ins.op.module.instructions
-             if not is_param(x) and x.op.name not in ("load", "allocate")] + [ins.origin]
+             if not (is_param(x) or is_load(x) or is_allocate(x))] + [ins.origin]
     return list(dict.fromkeys(n for n in names if n))
 
 
