@@ -13,6 +13,7 @@ from fusegraph.ir.program import Instruction, Program
 from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
 from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
 from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
+from fusegraph.targets.gpu.device_errors import every_config_failed
 from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
 from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, Config, KernelSource
@@ -79,9 +80,10 @@ def _fused_copy(program: Program, fp16: bool, bf16: bool) -> Program:
 
 
 def _plan_scratch(plan: MemoryPlan, sources: list[KernelSource]) -> None:
-    """The split-k scratch ("ws" partial sums, "cnt" tile counters), sized for the largest
+    """The split-k scratch ("ws" partial-sum slots, "cnt" tile counters), sized for the largest
     need of any config of any kernel, since tuning may pick any of them. One pair serves every
-    kernel: they run one after another and each leaves it zeroed."""
+    kernel: they run one after another, each overwrites the slots it reads, and each leaves
+    the counters zeroed."""
     need = [workspace_elements(src, c) for src in sources for c in src.configs]
     plan.add_scratch("ws", Shape.of(DType.float32, [max([1] + [n for n, _ in need])]))
     plan.add_scratch("cnt", Shape.of(DType.int32, [max([1] + [t for _, t in need])]))
@@ -145,13 +147,15 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
         plans.append(candidates)
         dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
         jobs += [(k.src, dtypes, c) for c in candidates]
-    compile_all(jobs, progress)
+    failures = compile_all(jobs, progress)
     report = []
     for j, (k, candidates) in enumerate(zip(compiled.kernels, plans)):
         if len(candidates) == 1:
             k.config = candidates[0]
         else:
             k.config, times = best_config(candidates, lambda c: bound.launch(k, c))
+            if all(t == float("inf") for t in times):
+                raise every_config_failed(k.src, k.ins.origin, failures)
             report.append({"kernel": k.src.name, "flops": k.src.flops,
                            "grid": k.src.grid_dims, "configs": candidates, "ms": times})
         cache.put(k.src.digest, k.config)

@@ -183,32 +183,37 @@ class GemmEmitter:
 
 
 def split_k_fixup(w: KernelWriter) -> None:
-    """With SPLIT > 1 programs share a tile's k range: each adds its partial sum into a float32
-    workspace, and the last to arrive (a counter per tile) takes the sum, resets the workspace
-    and counter to zero for the next run, and alone runs the epilogue. One kernel still, and
-    small batch-1 layers get enough programs to fill the GPU."""
+    """With SPLIT > 1 programs share a tile's k range: each stores its partial sum in its own
+    float32 slot of a workspace, and the last to arrive (a counter per tile) adds the SPLIT
+    slots in slot order, resets the counter for the next run, and alone runs the epilogue. One
+    kernel still, small batch-1 layers get enough programs to fill the GPU, and the sum's order
+    never depends on which program ran first, so two runs give the same bits (float atomics
+    into one slot would not)."""
     # `last` is a [1, 1] tile: a scalar condition in a mask trips Triton's interpreter, and
     # a full one would cost an operation per element in every mask it joins
     w.emit("last = tl.full([1, 1], 1, tl.int1) & (pid_k == 0)")
     with w.block("if SPLIT > 1:"):
         w.emit("tile = (gz * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m")
-        w.emit("wp = ws + tile * (BM * BN) + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]")
-        w.emit('tl.atomic_add(wp, acc, sem="relaxed")')
+        w.emit("wt = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]")
+        w.emit("tl.store(ws + (tile * SPLIT + pid_k) * (BM * BN) + wt, acc)")
+        w.emit("tl.debug_barrier()")  # every thread's part of the slot is written before the release
         w.emit('seen = tl.atomic_add(cnt + tile, 1, sem="acq_rel")')
         w.emit("is_last = seen == SPLIT - 1")
         w.emit("last = tl.full([1, 1], 1, tl.int1) & is_last")
-        # read the sum through the atomic unit (an add of zero), then clear it for the next run
-        w.emit('acc = tl.atomic_add(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last, sem="relaxed")')
-        w.emit("tl.store(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last)")
-        w.emit("tl.atomic_xchg(cnt + tile, 0, mask=is_last)")
+        with w.block("if is_last:"):
+            w.emit("acc = tl.zeros([BM, BN], dtype=tl.float32)")
+            with w.block("for s in range(SPLIT):"):
+                # past L1: the slots were written by other programs, maybe on other SMs
+                w.emit('acc += tl.load(ws + (tile * SPLIT + s) * (BM * BN) + wt, cache_modifier=".cg")')
+            w.emit("tl.atomic_xchg(cnt + tile, 0)")
 
 
 def workspace_elements(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
-    """Float32 workspace elements and tile counters a GEMM kernel needs under `config`: one
-    BM x BN float32 tile and one counter per output tile (`split_k_fixup`)."""
+    """Float32 workspace elements and tile counters a GEMM kernel needs under `config`: SPLIT
+    BM x BN float32 slots and one counter per output tile (`split_k_fixup`)."""
     if src.template != "gemm" or config.get("SPLIT", 1) == 1:
         return 0, 0
     tiles = 1
     for extent, block, _ in src.grid_dims:
         tiles *= -(-extent // config[block]) if block else extent
-    return tiles * config["BM"] * config["BN"], tiles
+    return tiles * config["SPLIT"] * config["BM"] * config["BN"], tiles
