@@ -49,12 +49,12 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
                             f"got {type(source).__name__}")
     dims = _checked_dims(input_dims)
     if batch is not None:
-        source, dims = _rebatched(source, batch, dims or {})
+        source, dims = rebatched(source, batch, dims or {})
     return importer.parse_onnx(source, input_dims=dims)
 
 
-def _rebatched(source: "str | os.PathLike[str] | bytes | onnx.ModelProto", batch: int,
-               input_dims: dict[str, list[int]]) -> tuple[onnx.ModelProto, dict[str, list[int]]]:
+def rebatched(source: "str | os.PathLike[str] | bytes | onnx.ModelProto", batch: int,
+              input_dims: dict[str, list[int]]) -> tuple[onnx.ModelProto, dict[str, list[int]]]:
     """The model of `source` re-batched to `batch`, and `input_dims` with `batch` first for
     every batched input; an entry giving such an input another batch is refused."""
     from fusegraph.onnx.loader import load_model
@@ -145,12 +145,16 @@ def run(program_or_compiled: Union[Program, Compiled], inputs: Mapping[str, Any]
 
 
 def compiled_target(obj: Any) -> str | None:
-    """The target `obj` was compiled for, or None when it is no compiled program.
+    """The target `obj` was compiled for (a dynamic batch's programs' target), or None when it
+    is no compiled program.
 
     A gpu CompiledProgram exists only once its module is imported, so a wrong argument is
     told apart without loading Triton."""
     if isinstance(obj, RefProgram):
         return "ref"
+    dynamic = sys.modules.get("fusegraph.dynamic_batch")
+    if dynamic is not None and isinstance(obj, dynamic.DynamicBatchProgram):
+        return obj.target
     gpu = sys.modules.get("fusegraph.targets.gpu.compiled_program")
     if gpu is not None and isinstance(obj, gpu.CompiledProgram):
         return "gpu"

@@ -83,9 +83,17 @@ class DynamicBatchProgram:
                 self._padding = DevicePadding()
             outputs = self._padding.run(compiled, size, arrays)
         else:
-            outputs = compiled.run({k: _padded(v, size, self.input_specs[k][0]) for k, v in arrays.items()})
+            outputs = compiled.run({k: pad_to(v, size, self.input_specs[k][0]) for k, v in arrays.items()})
         # a padded answer is copied, so no view of it reaches the padded samples
         return {k: np.asarray(v)[:batch].copy() if batch < size else np.asarray(v) for k, v in outputs.items()}
+
+    def input_shapes_at(self, batch: int) -> dict[str, Any]:
+        """Each input's Shape for a request of `batch` samples."""
+        from fusegraph.ir.shape import Shape
+
+        self.size_for(batch)
+        shapes = self.programs[self.sizes[0]].input_shapes
+        return {k: Shape.of(shapes[k].dtype, [batch, *sample]) for k, (_, sample) in self.input_specs.items()}
 
     def tune(self, size: int) -> None:
         """Tune the program of `size` if it is not yet (a lazily tuned size, before its first run)."""
@@ -121,7 +129,7 @@ class DynamicBatchProgram:
         return arrays, batch
 
 
-def _padded(arr: np.ndarray, size: int, dtype: np.dtype) -> np.ndarray:
+def pad_to(arr: np.ndarray, size: int, dtype: np.dtype) -> np.ndarray:
     """`arr` with copies of its last sample appended up to `size` samples, in `dtype`."""
     arr = arr.astype(dtype, copy=False)
     if arr.shape[0] == size:

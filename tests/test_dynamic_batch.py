@@ -139,3 +139,22 @@ def test_an_output_without_the_batch_first_is_refused() -> None:
     with pytest.raises(ArgumentError, match="output 'out' has shape .* needs the batch as the first dimension"):
         fusegraph.compile_dynamic_batch(model, (1, 2), "ref")
     assert isinstance(fusegraph.compile_dynamic_batch(conv_silu_add_model(4), (2, 2), "ref"), DynamicBatchProgram)
+
+
+def test_a_dynamic_batch_saves_its_weights_once_and_loads_back(tmp_path) -> None:
+    from safetensors import safe_open
+
+    model = conv_silu_add_model(5)
+    for target in ("ref", "gpu"):
+        dynamic = fusegraph.compile_dynamic_batch(model, (1, 4), target, lazy_tune=True)
+        fusegraph.save(dynamic, tmp_path / f"{target}.fgx")
+        fusegraph.save(dynamic.programs[1], tmp_path / f"{target}-1.fgx")
+        with safe_open(str(tmp_path / f"{target}.fgx"), framework="np") as all_sizes, \
+                safe_open(str(tmp_path / f"{target}-1.fgx"), framework="np") as one_size:
+            shapes = [all_sizes.get_slice(k).get_shape() for k in all_sizes.keys()]
+            assert set(one_size.keys()) <= set(all_sizes.keys()) and shapes.count([4, 3, 3, 3]) == 1  # w, once
+        loaded = fusegraph.load(tmp_path / f"{target}.fgx")
+        assert isinstance(loaded, DynamicBatchProgram) and loaded.sizes == (1, 2, 4) and loaded.target == target
+        x = {"x": np.random.default_rng().standard_normal((3, 3, 8, 8), dtype=np.float32),
+             "y": np.random.default_rng().standard_normal((3, 4, 1, 1), dtype=np.float32)}
+        np.testing.assert_array_equal(loaded.run(x)["out"], dynamic.run(x)["out"])
