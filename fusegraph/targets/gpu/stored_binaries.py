@@ -49,7 +49,11 @@ def environment(capability: tuple[int, int] | None = None) -> str:
 
 def from_compiled_kernel(kernel: Any, digest: str, config: Config) -> StoredBinary:
     """The stored form of Triton's CompiledKernel `kernel`, read from its cache entry."""
-    group = getattr(kernel, "metadata_group", None) or {}
+    group = getattr(kernel, "metadata_group", None)
+    if not group:
+        from triton.runtime.cache import get_cache_manager
+
+        group = get_cache_manager(kernel.hash).get_group(f"{kernel.name}.json") or {}
     files = {name: open(path, "rb").read() for name, path in group.items() if name.endswith(KEPT_SUFFIXES)}
     if sorted(n.rsplit(".", 1)[1] for n in files) != ["cubin", "json"]:
         raise RuntimeError(f"Triton's cache entry of {kernel.name} lacks its metadata or cubin: {sorted(group)}")
