@@ -81,7 +81,7 @@ def load(path: "str | os.PathLike[str]", verbose: bool = False) -> Union[Program
 
     A gpu kernel whose regenerated source has no stored config (the file was written by a
     fusegraph that generates other kernels, or under Triton's interpreter and loaded on a GPU, or
-    the reverse) is retuned: the whole program is compiled with tuning, as `compile` would, and a
+    the reverse) is retuned: the whole program is tuned, as `compile` would tune it, and a
     warning says how many kernels had no config. On a GPU of the architecture (and Triton version)
     the file's binaries were compiled for, they are handed to Triton after their checks
     (targets/gpu/stored_binaries.py), so no kernel is compiled. `verbose` (or FUSEGRAPH_TIMING=1)
@@ -153,7 +153,7 @@ def _options(options: Any, where: str) -> dict[str, Any] | None:
 def _compiled(program: Program, options: dict[str, Any], configs: Any, where: str, weights: Any,
               retune: bool = True) -> api.Compiled:
     """`program` compiled for the stored target and options, each gpu kernel under its stored
-    config; a program with kernels lacking one is compiled with tuning (`retune`) or left to a
+    config; a program with kernels lacking one is tuned (`retune`) or left to a
     dynamic batch's lazy tuning."""
     flags = {k: options[k] for k in _OPTIONS}
     if options["target"] == "ref":
@@ -161,9 +161,11 @@ def _compiled(program: Program, options: dict[str, Any], configs: Any, where: st
     compiled = api.compile(program, "gpu", **flags, tune=False, weights=weights)
     if not configs and not retune:
         return compiled
-    if _apply_configs(compiled, configs, where) or not retune:
-        return compiled
-    return api.compile(program, "gpu", **flags, tune=True, weights=weights)
+    if not _apply_configs(compiled, configs, where) and retune:
+        from fusegraph.targets.gpu.compiler import tune_program
+
+        tune_program(compiled)  # the program as compiled, tuned now: no second compile
+    return compiled
 
 
 def _apply_configs(compiled: Any, configs: Any, where: str) -> bool:
