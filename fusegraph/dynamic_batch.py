@@ -13,6 +13,7 @@ the weights. Each size is tuned when it is compiled or, with `lazy_tune`, at its
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ class DynamicBatchProgram:
     for one target, every input and output with the batch as its first dimension). `run` takes
     and returns NumPy arrays by name. `input_specs` / `output_specs` give each one's dtype and the
     shape of one sample (the batch dimension left out), which is what a server declares.
+    `tuned[size]` says whether a size is tuned yet (with `lazy_tune`, at its first run).
     """
 
     def __init__(self, programs: Mapping[int, api.Compiled], *, lazy_tune: bool = False,
@@ -59,6 +61,7 @@ class DynamicBatchProgram:
         self.input_specs = _specs(self.programs, "input", lambda p: p.input_shapes)
         self.output_specs = _specs(self.programs, "output", _output_shapes)
         self._padding: Any = None  # the gpu target's device staging, made at the first run
+        self._lock = threading.Lock()  # one run at a time: runs share staging buffers and CUDA graphs
 
     @property
     def max_batch(self) -> int:
@@ -71,9 +74,14 @@ class DynamicBatchProgram:
         return next(s for s in self.sizes if s >= batch)
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Outputs by name for `inputs` of one batch b (the first dimension of each), b in 1..max_batch."""
+        """Outputs by name for `inputs` of one batch b (the first dimension of each), b in 1..max_batch.
+        Safe to call from several threads: runs take turns."""
         arrays, batch = self._checked(inputs)
         size = self.size_for(batch)
+        with self._lock:
+            return self._run(arrays, batch, size)
+
+    def _run(self, arrays: dict[str, np.ndarray], batch: int, size: int) -> dict[str, np.ndarray]:
         self.tune(size)
         compiled = self.programs[size]
         if self.target == "gpu":
