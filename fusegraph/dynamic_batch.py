@@ -146,7 +146,7 @@ def pad_to(arr: np.ndarray, size: int, dtype: np.dtype) -> np.ndarray:
 
 
 def _output_shapes(compiled: api.Compiled) -> dict[str, Any]:
-    main = compiled.source_program.main
+    main = compiled.program.main  # the program as compiled: in half precision when asked
     return {name: r.shape for name, r in zip(main.return_names, main.returns)}
 
 

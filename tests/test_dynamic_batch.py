@@ -120,6 +120,14 @@ def _is_literal(compiled, buffer_id: int) -> bool:
     return any(b.id == buffer_id and b.kind == BufferKind.LITERAL for b in compiled.plan.buffers)
 
 
+def test_specs_give_the_compiled_dtypes() -> None:
+    dynamic = fusegraph.compile_dynamic_batch(conv_silu_add_model(6), (1, 2), "ref", fp16=True)
+    assert dynamic.input_specs["x"] == (np.dtype(np.float16), (3, 8, 8))
+    assert dynamic.output_specs == {"out": (np.dtype(np.float16), (4, 8, 8))}
+    x = {"x": np.ones((2, 3, 8, 8), np.float32), "y": np.ones((2, 4, 1, 1), np.float32)}
+    assert dynamic.run(x)["out"].dtype == np.float16
+
+
 def test_a_request_outside_the_range_or_of_mixed_batches_is_an_input_error() -> None:
     dynamic = fusegraph.compile_dynamic_batch(conv_silu_add_model(3), (1, 4), "ref")
     x, y = np.zeros((5, 3, 8, 8), np.float32), np.zeros((5, 4, 1, 1), np.float32)
