@@ -457,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
             _run_args(p)
         if name in ("run", "verify"):
             p.add_argument("--fused", action="store_true", help="run the fused program (after the fusion passes)")
+            p.add_argument("--verbose", action="store_true",
+                           help="for a .fgx MODEL: print the phases of loading it and their times (as FUSEGRAPH_TIMING=1)")
         if name in ("compile", "verify", "perf"):
             _precision_args(p)
         if name in ("verify", "perf"):

@@ -24,7 +24,7 @@ def load_saved(args: argparse.Namespace) -> Any:
 
     if getattr(args, "input_dim", None):
         raise ArgumentError(f"--input-dim does not apply to {args.model}: a saved program's input shapes are fixed")
-    loaded = fusegraph.load(args.model)
+    loaded = fusegraph.load(args.model, verbose=getattr(args, "verbose", False))
     batch = getattr(args, "batch", None)
     if batch is not None:
         if not isinstance(loaded, fusegraph.DynamicBatchProgram):

@@ -43,8 +43,10 @@ def test_a_dynamic_batch_file_answers_each_request(model: str, target: str, tmp_
     got = np.load(tmp_path / "out" / "out.npy")
     assert got.shape == (3, 4, 8, 8)
     np.testing.assert_allclose(got, _per_sample(model, x, y), rtol=1e-5, atol=1e-5)
-    assert main(["verify", saved, "--batch", "3"]) == 0
-    assert "batch 3 of the size-4 program" in capsys.readouterr().out
+    assert main(["verify", saved, "--batch", "3", "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert "batch 3 of the size-4 program" in out
+    assert f"fusegraph: load {saved}: read and check the file" in err and "batch 4: compile" in err
     assert isinstance(fusegraph.load(saved), fusegraph.DynamicBatchProgram)
 
 
