@@ -249,11 +249,18 @@ def cmd_perf(args: argparse.Namespace) -> int:
     from fusegraph.driver.perf import chrome_trace, perf_report
     from fusegraph.targets.gpu.availability import require_gpu_device
 
-    _one_batch(args)  # a mistake in the arguments is told before the missing GPU
-    require_gpu_device("perf")
-    program = _load(args)
-    compiled = api.compile(program, "gpu", **_gpu_options(args))
-    api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
+    from fusegraph.driver.saved_files import is_saved_file, timed_saved
+
+    if is_saved_file(args.model):
+        _reject_gpu_options(args, f"{args.model} was compiled with its own options")
+        require_gpu_device("perf")
+        compiled = timed_saved(args)
+    else:
+        _one_batch(args)  # a mistake in the arguments is told before the missing GPU
+        require_gpu_device("perf")
+        program = _load(args)
+        compiled = api.compile(program, "gpu", **_gpu_options(args))
+        api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
     print(perf_report(compiled, args.iterations, args.configs))
     if args.trace:
         with open(args.trace, "w") as f:
@@ -452,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)
         p.set_defaults(func=fn)
         if name in ("read", "compile", "run", "verify", "perf"):
-            _model_args(p, saved=name in ("run", "verify"), batch=name != "read")
+            _model_args(p, saved=name in ("run", "verify", "perf"), batch=name != "read")
         if name in ("run", "verify", "perf"):
             _run_args(p)
         if name in ("run", "verify"):

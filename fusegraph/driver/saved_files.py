@@ -46,6 +46,25 @@ def input_shapes(program: Any, args: argparse.Namespace) -> dict[str, Any]:
     return program.input_shapes
 
 
+def timed_saved(args: argparse.Namespace) -> Any:
+    """What `perf FILE.fgx` times: the gpu program it holds, or for a dynamic batch the size that
+    `--batch N` (default the largest) runs, after one run on the inputs (which tunes a lazily
+    tuned size and captures its CUDA graph)."""
+    from fusegraph import api
+    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.dynamic_batch import DynamicBatchProgram
+
+    loaded = load_saved(args)
+    target = api.compiled_target(loaded)
+    if target != "gpu":
+        raise ArgumentError(f"perf times the gpu target; {args.model} holds "
+                            f"{'a program compiled for ' + target if target else 'an uncompiled Program'}")
+    loaded.run(load_inputs(args.input, input_shapes(loaded, args), args.seed))
+    if isinstance(loaded, DynamicBatchProgram):
+        return loaded.programs[loaded.size_for(args.batch[0] if args.batch else loaded.max_batch)]
+    return loaded
+
+
 def verify_dynamic(args: argparse.Namespace, dynamic: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]:
     """A dynamic batch's answers at the request's batch, and the ref target's: the program of
     the size that batch runs, fp32 and unfused, fed the request padded as `run` pads it and cut

@@ -72,6 +72,7 @@ def test_batch_n_rebatches_for_compile_run_and_verify(model: str, tmp_path: Path
     (["run", "{d}/dyn.fgx", "--batch", "1..2"], "a request has one batch size"),
     (["compile", "{d}/fixed.onnx", "--batch", "2"], "no input has a first dimension of 1 or a symbolic one"),
     (["compile", "{m}", "--target", "ref"], "--target applies to the program compile saves: add -o"),
+    (["perf", "{d}/dyn.fgx", "--fp16"], "--fp16 does not apply: .*dyn.fgx was compiled with its own options"),
 ])
 def test_bad_batches_are_one_error_line(model: str, tmp_path: Path, capsys, argv: list[str], message: str) -> None:
     import re
