@@ -3,13 +3,14 @@
 Each module of `fusegraph` is read with `ast` (nothing is imported), module-level and
 function-level imports alike, relative imports resolved. The layers, lowest first:
 
-    errors < ir < ops < zoo < {onnx, passes} < {targets.ref, targets.gpu} < api < saved_program
-    < fusegraph < driver
+    errors < ir < ops < zoo < {onnx, passes} < {targets.ref, targets.gpu} < api < dynamic_batch
+    < saved_program < fusegraph < driver
 
 A module may import its own layer and any layer below. Layers of one rank (in braces) are peers
 and import neither each other: the ONNX frontend and the passes share folding and dead-code
 removal through the ops and the ir, and each target stands on its own. `saved_program` writes and
-reads .fgx files and compiles what it reads through the api. `zoo` is the model store
+reads .fgx files and compiles what it reads through the api; `dynamic_batch` (one program per
+batch size, compiled through the api) sits between them, since a file can hold one. `zoo` is the model store
 that `onnx/loader.py` and the driver read, below the frontend; the package itself (`fusegraph`,
 which re-exports the api) sits just below the driver.
 """
@@ -25,7 +26,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "fusegraph"
 #: layer names by rank, lowest first; names of one rank are peers
 LAYERS: list[tuple[str, ...]] = [
     ("errors",), ("ir",), ("ops",), ("zoo",), ("onnx", "passes"), ("targets", "targets.ref", "targets.gpu"),
-    ("api",), ("saved_program",), ("fusegraph",), ("driver",),
+    ("api",), ("dynamic_batch",), ("saved_program",), ("fusegraph",), ("driver",),
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

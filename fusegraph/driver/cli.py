@@ -85,11 +85,28 @@ def _directory(text: str) -> str:
     return text
 
 
-def _model_args(p: argparse.ArgumentParser, saved: bool = False) -> None:
+def _batch(text: str) -> tuple[int, int]:
+    """`N` -> (N, N); `LO..HI` -> (LO, HI), both positive and LO <= HI."""
+    lo, sep, hi = text.partition("..")
+    try:
+        pair = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a batch size N or a range LO..HI (e.g. 8 or 1..32), got {text!r}") from None
+    if pair[0] < 1 or pair[1] < pair[0]:
+        raise argparse.ArgumentTypeError(f"expected positive batch sizes with LO <= HI, got {text!r}")
+    return pair
+
+
+def _model_args(p: argparse.ArgumentParser, saved: bool = False, batch: bool = False) -> None:
     p.add_argument("model", metavar="MODEL",
                    help="an .onnx file, a zoo name" + (" or a saved program (.fgx)" if saved else ""))
     p.add_argument("--input-dim", action="append", metavar="NAME:D0,D1,...",
                    help="fix the dimensions of an input, e.g. images:1,3,640,640 (repeatable)")
+    if batch:
+        p.add_argument("--batch", type=_batch, metavar="N|LO..HI",
+                       help="re-batch a model whose batch dimension is 1 or symbolic to N samples; compile "
+                            "LO..HI -o FILE.fgx: one program per power of two in the range (a dynamic batch), "
+                            "whose run and verify take the request's batch N (default: the largest)")
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -110,7 +127,19 @@ def _load(args: argparse.Namespace, model: Any = None) -> "Program":
     from fusegraph import api
     from fusegraph.driver.inputs import parse_input_dims
 
-    return api.parse_onnx(args.model if model is None else model, input_dims=parse_input_dims(args.input_dim))
+    return api.parse_onnx(args.model if model is None else model, input_dims=parse_input_dims(args.input_dim),
+                          batch=_one_batch(args))
+
+
+def _one_batch(args: argparse.Namespace) -> int | None:
+    """`--batch N` for a model parsed at one batch; a range there is a mistake worth one line."""
+    batch = getattr(args, "batch", None)
+    if batch is not None and batch[0] != batch[1]:
+        from fusegraph.errors import ArgumentError
+
+        raise ArgumentError(f"--batch {batch[0]}..{batch[1]} compiles a dynamic batch: `fusegraph compile MODEL "
+                            "--batch LO..HI -o FILE.fgx`, then run or verify FILE.fgx with --batch N")
+    return batch[0] if batch else None
 
 
 def _fuse(program: "Program", args: argparse.Namespace) -> None:
@@ -130,14 +159,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
 
-    from fusegraph.driver.saved_files import is_saved_file, runnable
+    from fusegraph.driver.saved_files import input_shapes, is_saved_file, runnable
 
     if is_saved_file(args.model):
         program, target = runnable(args)
     else:
         program, target = _load(args), "ref"
         _fuse(program, args)
-    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    inputs = load_inputs(args.input, input_shapes(program, args), args.seed)
     start = time.perf_counter()
     outputs = api.run(program, inputs, target=target)
     elapsed = time.perf_counter() - start
@@ -220,10 +249,18 @@ def cmd_perf(args: argparse.Namespace) -> int:
     from fusegraph.driver.perf import chrome_trace, perf_report
     from fusegraph.targets.gpu.availability import require_gpu_device
 
-    require_gpu_device("perf")
-    program = _load(args)
-    compiled = api.compile(program, "gpu", **_gpu_options(args))
-    api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
+    from fusegraph.driver.saved_files import is_saved_file, timed_saved
+
+    if is_saved_file(args.model):
+        _reject_gpu_options(args, f"{args.model} was compiled with its own options")
+        require_gpu_device("perf")
+        compiled = timed_saved(args)
+    else:
+        _one_batch(args)  # a mistake in the arguments is told before the missing GPU
+        require_gpu_device("perf")
+        program = _load(args)
+        compiled = api.compile(program, "gpu", **_gpu_options(args))
+        api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
     print(perf_report(compiled, args.iterations, args.configs))
     if args.trace:
         with open(args.trace, "w") as f:
@@ -235,6 +272,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import parse_input_dims
     from fusegraph.driver.verify import run_onnxruntime
     from fusegraph.onnx.loader import load_model
 
@@ -252,7 +290,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.tolerance is None:
         args.tolerance = 1e-5
     model = load_model(args.model)
-    program = _load(args, model)
+    dims = parse_input_dims(args.input_dim)
+    batch = _one_batch(args)
+    if batch is not None:  # ONNX Runtime runs the re-batched model too
+        model, dims = api.rebatched(model, batch, dims)
+    program = api.parse_onnx(model, input_dims=dims)
     label = "ref target"
     if args.fused:
         _fuse(program, args)
@@ -270,8 +312,14 @@ def _verify_saved(args: argparse.Namespace) -> int:
     from fusegraph import api
     from fusegraph.driver.inputs import load_inputs
     from fusegraph.driver.saved_files import load_saved
+    from fusegraph.dynamic_batch import DynamicBatchProgram
 
     loaded = load_saved(args)
+    if isinstance(loaded, DynamicBatchProgram):
+        from fusegraph.driver.saved_files import verify_dynamic
+
+        _reject_gpu_options(args, f"{args.model} was compiled with its own options")
+        return _report(*verify_dynamic(args, loaded))
     target = api.compiled_target(loaded)
     if target is None:
         program = loaded
@@ -316,8 +364,14 @@ def _reject_gpu_options(args: argparse.Namespace, why: str = "") -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     from fusegraph.passes.pipeline import compile_program
 
-    program = _load(args)
     saved = None
+    if args.batch and args.batch[0] != args.batch[1]:
+        from fusegraph.driver.saved_files import write_dynamic
+
+        print(write_dynamic(args))
+        return 0
+    _reject_saving_options(args)
+    program = _load(args)
     if args.output:
         from fusegraph.driver.saved_files import write_compiled
 
@@ -340,6 +394,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if saved:
         print(saved)
     return 0
+
+
+def _reject_saving_options(args: argparse.Namespace) -> None:
+    """--target and --lazy-tune say how `-o` compiles: without -o they would be ignored."""
+    if not args.output and (args.target is not None or args.lazy_tune):
+        from fusegraph.errors import ArgumentError
+
+        raise ArgumentError(f"{'--target' if args.target is not None else '--lazy-tune'} applies to the program "
+                            "compile saves: add -o FILE.fgx")
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -396,11 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)
         p.set_defaults(func=fn)
         if name in ("read", "compile", "run", "verify", "perf"):
-            _model_args(p, saved=name in ("run", "verify"))
+            _model_args(p, saved=name in ("run", "verify", "perf"), batch=name != "read")
         if name in ("run", "verify", "perf"):
             _run_args(p)
         if name in ("run", "verify"):
             p.add_argument("--fused", action="store_true", help="run the fused program (after the fusion passes)")
+            p.add_argument("--verbose", action="store_true",
+                           help="for a .fgx MODEL: print the phases of loading it and their times (as FUSEGRAPH_TIMING=1)")
         if name in ("compile", "verify", "perf"):
             _precision_args(p)
         if name in ("verify", "perf"):
@@ -430,6 +495,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--kernels", action="store_true", help="print the generated Triton source of every kernel")
             p.add_argument("-o", "--output", metavar="FILE.fgx",
                            help="also compile for the gpu target (tuned on a GPU) and save the program there")
+            p.add_argument("--target", choices=("gpu", "ref"), default=None,
+                           help="with -o: the target the saved program is compiled for (default gpu)")
+            p.add_argument("--lazy-tune", action="store_true",
+                           help="with -o and --batch LO..HI: tune each batch size at its first run, not now")
     return parser
 
 

@@ -68,6 +68,30 @@ def torch_dtype(d: DType) -> Any:
             DType.int16: torch.int16, DType.int8: torch.int8, DType.uint8: torch.uint8, DType.bool: torch.bool}[d]
 
 
+class WeightPool:
+    """Device copies of literals by content, shared by the programs compiled with one pool: the
+    per-size programs of a dynamic batch hold the same weights, uploaded once."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[tuple[Any, ...], Any] = {}
+
+    def upload(self, value: np.ndarray, perm: tuple[int, ...] | None, device: str) -> Any:
+        """The flat device tensor of `value` (transposed by `perm` first when given)."""
+        import hashlib
+
+        value = np.ascontiguousarray(value)
+        key = (value.dtype.str, value.shape, perm, device, hashlib.sha256(value.reshape(-1).view(np.uint8)).hexdigest())
+        if key not in self._tensors:
+            self._tensors[key] = upload_literal(value, perm, device)
+        return self._tensors[key]
+
+
+def upload_literal(value: np.ndarray, perm: tuple[int, ...] | None, device: str) -> Any:
+    """A flat device copy of `value`, transposed by `perm` first when given."""
+    laid_out = np.ascontiguousarray(value if perm is None else np.transpose(value, perm))
+    return host_to_torch(laid_out.reshape(-1).copy()).to(device)
+
+
 @dataclass
 class Kernel:
     """One launch: the generated source, the Triton function, its config and arguments."""
@@ -98,7 +122,7 @@ class CompiledProgram:
     is the BoundProgram of the last `bind` (or run), None before the first."""
 
     def __init__(self, program: Program, kernels: list[Kernel], plan: MemoryPlan, device: str,
-                 compile_seconds: float, options: dict[str, Any]) -> None:
+                 compile_seconds: float, options: dict[str, Any], weights: WeightPool | None = None) -> None:
         import torch
 
         self.program = program
@@ -115,15 +139,16 @@ class CompiledProgram:
         self._tensors: dict[int, Any] = {}  # buffer id -> its flat tensor
         self._staged: dict[str, Any] = {}  # device copies of host (NumPy) inputs, at fixed addresses
         try:
-            self._allocate(main, plan, device)
+            self._allocate(main, plan, device, weights)
         except torch.cuda.OutOfMemoryError:
             raise out_of_memory(plan, device) from None
         self._graphs: dict[tuple, tuple[Any, BoundProgram]] = {}  # input addresses -> CUDA graph
         self._graph_key: tuple | None = None  # the graph `replay` runs
         self.bound: BoundProgram | None = None
 
-    def _allocate(self, main: Any, plan: MemoryPlan, device: Any) -> None:
-        """Upload the weights and make the arena, output and scratch buffers."""
+    def _allocate(self, main: Any, plan: MemoryPlan, device: Any, weights: WeightPool | None) -> None:
+        """Upload the weights (through `weights` when programs share them) and make the arena,
+        output and scratch buffers."""
         import torch
 
         arena = torch.empty(max(plan.arena_bytes, 1), dtype=torch.uint8, device=device)
@@ -135,8 +160,8 @@ class CompiledProgram:
             dt = torch_dtype(b.shape.dtype)
             n = max(1, b.shape.elements)
             if b.kind == BufferKind.LITERAL:
-                value = np.ascontiguousarray(ins.op.value if b.perm is None else np.transpose(ins.op.value, b.perm))
-                self._tensors[b.id] = host_to_torch(value.reshape(-1).copy()).to(device)
+                upload = weights.upload if weights is not None else upload_literal
+                self._tensors[b.id] = upload(ins.op.value, b.perm, device)
             elif b.kind == BufferKind.ARENA:
                 self._tensors[b.id] = arena[b.offset:b.offset + n * b.shape.dtype.itemsize].view(dt)
             elif b.kind == BufferKind.OUTPUT:

@@ -12,7 +12,8 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
 from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
-from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
+from fusegraph.targets.gpu.compiled_program import (CompiledProgram, Kernel, WeightPool, torch_dtype,
+                                                    use_interpreter_without_gpu)
 from fusegraph.targets.gpu.device_errors import every_config_failed
 from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
@@ -31,11 +32,13 @@ def _is_fused_program(program: Program) -> bool:
 
 def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, allow_tf32: bool = False,
                 tune: bool = True, exhaustive_tune: bool = False,
-                progress: Callable[[str, int, int], None] | None = None) -> CompiledProgram:
+                progress: Callable[[str, int, int], None] | None = None,
+                weights: WeightPool | None = None) -> CompiledProgram:
     """Compile `program` (fused here unless it already is; a copy, the argument is kept).
 
     fp16/bf16 convert weights and inputs before fusion; products accumulate in fp32. Without
-    a GPU the kernels run under Triton's interpreter and are not tuned.
+    a GPU the kernels run under Triton's interpreter and are not tuned. Programs compiled with
+    one `weights` pool share the device copies of equal literals.
     """
     start = time.monotonic()
     interpret = use_interpreter_without_gpu()
@@ -54,9 +57,9 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     _plan_scratch(plan, sources)
     kernels = _kernels(fused, sources, plan, interpret, progress)
     options = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32}
-    compiled = CompiledProgram(p, kernels, plan, device, 0.0, options)
-    if not interpret and tune:
-        _tune(compiled, exhaustive_tune, progress)
+    compiled = CompiledProgram(p, kernels, plan, device, 0.0, options, weights)
+    if tune:
+        tune_program(compiled, exhaustive_tune, progress)
     compiled.compile_seconds = time.monotonic() - start
     compiled.startup_seconds = startup
     return compiled
@@ -123,6 +126,14 @@ def _interpreter_config(src: KernelSource) -> Config:
         return -c.get("SPLIT", 1), tile
 
     return max(src.configs, key=size)
+
+
+def tune_program(compiled: CompiledProgram, exhaustive: bool = False,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+    """Tune a program compiled with `tune=False` (what compiling with tuning does, done later:
+    a dynamic batch tunes each size at its first run); nothing under the interpreter."""
+    if not compiled.interpreted:
+        _tune(compiled, exhaustive, progress)
 
 
 def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, int, int], None] | None) -> None:
