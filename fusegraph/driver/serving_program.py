@@ -1,0 +1,88 @@
+"""What a server runs: a compiled model that answers any batch from 1 to `max_batch`.
+
+A program is compiled for fixed shapes. Until a model is compiled for a range of batch sizes,
+the program compiled at the model's own batch B serves every request: a batch of n samples
+runs as ceil(n / B) runs of B, the last padded with copies of its last sample and cut back, so
+the padding never shows. Every input and output must have the batch as its first dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fusegraph.errors import ArgumentError, InputError
+
+#: (dtype, shape of one sample) of an input or output
+Spec = tuple[np.dtype, tuple[int, ...]]
+
+
+class BatchedProgram:
+    """Runs batches of 1 to `max_batch` samples through `compiled` (compiled at batch B)."""
+
+    def __init__(self, compiled: Any, max_batch: int) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ArgumentError(f"max_batch must be a positive integer, got {max_batch!r}")
+        self.compiled = compiled
+        self.max_batch = max_batch
+        main = compiled.program.main
+        inputs = {k: (s.dtype.numpy, tuple(s.lens)) for k, s in compiled.input_shapes.items()}
+        outputs = {k: (r.shape.dtype.numpy, tuple(r.shape.lens)) for k, r in zip(main.return_names, main.returns)}
+        batches = {shape[0] if shape else None for _, shape in [*inputs.values(), *outputs.values()]}
+        if len(batches) != 1 or None in batches:
+            found = ", ".join(f"{k} {list(s)}" for k, (_, s) in {**inputs, **outputs}.items())
+            raise ArgumentError(f"serving needs one batch dimension first in every input and output; found {found}")
+        self.compiled_batch: int = batches.pop()
+        self.input_specs: dict[str, Spec] = {k: (np.dtype(d), s[1:]) for k, (d, s) in inputs.items()}
+        self.output_specs: dict[str, Spec] = {k: (np.dtype(d), s[1:]) for k, (d, s) in outputs.items()}
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = self._batch_of(inputs)
+        b = self.compiled_batch
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in self.output_specs}
+        for start in range(0, n, b):
+            take = min(b, n - start)
+            chunk = {k: _padded(np.asarray(v)[start:start + take], b) for k, v in inputs.items()}
+            out = self.compiled.run(chunk)
+            for k in parts:
+                parts[k].append(np.asarray(out[k])[:take])
+        return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
+
+    def _batch_of(self, inputs: Mapping[str, np.ndarray]) -> int:
+        if set(inputs) != set(self.input_specs):
+            raise InputError(f"inputs {sorted(inputs)} differ from the model's {sorted(self.input_specs)}")
+        sizes = set()
+        for name, value in inputs.items():
+            dtype, sample = self.input_specs[name]
+            a = np.asarray(value)
+            if a.dtype != dtype or tuple(a.shape[1:]) != sample:
+                raise InputError(f"input {name!r}: expected {dtype} [n, {', '.join(map(str, sample))}], "
+                                 f"got {a.dtype} {list(a.shape)}")
+            sizes.add(a.shape[0])
+        if len(sizes) != 1 or not 1 <= min(sizes) <= self.max_batch:
+            raise InputError(f"inputs must share one batch of 1 to {self.max_batch} samples, got {sorted(sizes)}")
+        return sizes.pop()
+
+
+def _padded(a: np.ndarray, b: int) -> np.ndarray:
+    if len(a) == b:
+        return a
+    return np.concatenate([a, np.repeat(a[-1:], b - len(a), axis=0)])
+
+
+def load_batched(path: "str | Path", target: str, fp16: bool, max_batch: int) -> BatchedProgram:
+    """The model in `path` (.onnx, or a saved .fgx program) compiled for `target` and batched.
+
+    A saved compiled program keeps its own target and options; a saved Program or an ONNX
+    model is compiled here."""
+    import fusegraph
+    from fusegraph import api
+
+    path = Path(path)
+    loaded = fusegraph.load(path) if path.suffix.lower() == ".fgx" else fusegraph.parse_onnx(path)
+    if api.compiled_target(loaded) is None:
+        loaded = api.compile(loaded, target, fp16=fp16)
+    return BatchedProgram(loaded, max_batch)
