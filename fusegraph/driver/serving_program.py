@@ -28,16 +28,18 @@ class BatchedProgram:
             raise ArgumentError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.compiled = compiled
         self.max_batch = max_batch
-        main = compiled.program.main
-        inputs = {k: (s.dtype.numpy, tuple(s.lens)) for k, s in compiled.input_shapes.items()}
-        outputs = {k: (r.shape.dtype.numpy, tuple(r.shape.lens)) for k, r in zip(main.return_names, main.returns)}
+        inputs, outputs = _shapes(compiled.program)
+        # requests and answers keep the model's own dtypes; a half-precision program converts
+        declared = getattr(compiled, "source_program", None)
+        declared_inputs, declared_outputs = _shapes(declared) if declared is not None else (inputs, outputs)
         batches = {shape[0] if shape else None for _, shape in [*inputs.values(), *outputs.values()]}
         if len(batches) != 1 or None in batches:
             found = ", ".join(f"{k} {list(s)}" for k, (_, s) in {**inputs, **outputs}.items())
             raise ArgumentError(f"serving needs one batch dimension first in every input and output; found {found}")
         self.compiled_batch: int = batches.pop()
-        self.input_specs: dict[str, Spec] = {k: (np.dtype(d), s[1:]) for k, (d, s) in inputs.items()}
-        self.output_specs: dict[str, Spec] = {k: (np.dtype(d), s[1:]) for k, (d, s) in outputs.items()}
+        self.compiled_dtypes = {k: d for k, (d, _) in inputs.items()}
+        self.input_specs: dict[str, Spec] = {k: (d, s[1:]) for k, (d, s) in declared_inputs.items()}
+        self.output_specs: dict[str, Spec] = {k: (d, s[1:]) for k, (d, s) in declared_outputs.items()}
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = self._batch_of(inputs)
@@ -45,10 +47,11 @@ class BatchedProgram:
         parts: dict[str, list[np.ndarray]] = {k: [] for k in self.output_specs}
         for start in range(0, n, b):
             take = min(b, n - start)
-            chunk = {k: _padded(np.asarray(v)[start:start + take], b) for k, v in inputs.items()}
+            chunk = {k: _padded(np.asarray(v)[start:start + take], b).astype(self.compiled_dtypes[k], copy=False)
+                     for k, v in inputs.items()}
             out = self.compiled.run(chunk)
-            for k in parts:
-                parts[k].append(np.asarray(out[k])[:take])
+            for k, (dtype, _) in self.output_specs.items():
+                parts[k].append(np.asarray(out[k])[:take].astype(dtype, copy=False))
         return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
 
     def _batch_of(self, inputs: Mapping[str, np.ndarray]) -> int:
@@ -65,6 +68,14 @@ class BatchedProgram:
         if len(sizes) != 1 or not 1 <= min(sizes) <= self.max_batch:
             raise InputError(f"inputs must share one batch of 1 to {self.max_batch} samples, got {sorted(sizes)}")
         return sizes.pop()
+
+
+def _shapes(program: Any) -> tuple[dict[str, tuple[np.dtype, tuple[int, ...]]], dict[str, tuple[np.dtype, tuple[int, ...]]]]:
+    """(dtype, shape) of each input and each output of a Program."""
+    main = program.main
+    inputs = {k: (np.dtype(s.dtype.numpy), tuple(s.lens)) for k, s in program.input_shapes.items()}
+    outputs = {k: (np.dtype(r.shape.dtype.numpy), tuple(r.shape.lens)) for k, r in zip(main.return_names, main.returns)}
+    return inputs, outputs
 
 
 def _padded(a: np.ndarray, b: int) -> np.ndarray:
