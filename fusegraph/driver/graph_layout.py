@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 #: horizontal gap between neighbours in a rank, vertical gap between ranks, dummy width
-GAP_X, GAP_Y, DUMMY_WIDTH = 28.0, 44.0, 10.0
+GAP_X, GAP_Y, DUMMY_WIDTH = 24.0, 34.0, 10.0
 SWEEPS = 6
 
 
