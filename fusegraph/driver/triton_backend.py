@@ -35,7 +35,7 @@ class TritonPythonModel:
             torch.cuda.set_device(int(args["model_instance_device_id"]))
         model = Path(args["model_repository"]) / args["model_version"] / params["fusegraph_model"]
         self.program = load_batched(model, target, params["fusegraph_fp16"] == "true", int(config["max_batch_size"]))
-        self.program.run(_zeros(self.program, self.program.compiled_batch))  # warm-up
+        self.program.run(_zeros(self.program, 1))  # warm-up
 
     def execute(self, requests: list[Any]) -> list[Any]:
         import triton_python_backend_utils as pb_utils

@@ -207,3 +207,12 @@ def test_stop_by_its_handle(server):
     with pytest.raises(OSError):
         socket.create_connection((server.host, server.port), timeout=2).close()
     assert server.stop() is None  # stopping twice is harmless
+
+
+def test_serve_without_the_wheel_says_what_to_install(small_model, monkeypatch, capsys):
+    import fusegraph.driver.triton_server as triton_server
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(triton_server.importlib.util, "find_spec", lambda name: None if name == "pytriton" else real(name))
+    assert main(["serve", small_model, "--target", "ref"]) == 2
+    assert "pip install --no-deps nvidia-pytriton==0.7.0" in capsys.readouterr().err
