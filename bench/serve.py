@@ -52,8 +52,11 @@ def _free(port: int) -> bool:
 
 
 def _inputs(specs: dict, batch: int, seed: int) -> dict[str, np.ndarray]:
+    """Random inputs; float ones in float32, the dtype the server declares (a half-precision
+    program converts inside)."""
     rng = np.random.default_rng(seed)
-    return {k: rng.random((batch, *shape)).astype(dtype) for k, (dtype, shape) in specs.items()}
+    return {k: rng.random((batch, *shape)).astype(np.float32 if np.dtype(dtype).kind == "f" else dtype)
+            for k, (dtype, shape) in specs.items()}
 
 
 def time_direct(program, batch: int, seconds: float, seed: int) -> tuple[float, float]:
@@ -133,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
                   ["how", "batch", "samples/s", "p50 ms", "p99 ms", "requests", "vs direct", "note"])
     table.add("direct (BatchedProgram.run)", in_flight, f"{direct_rate:.0f}", f"{direct_ms:.2f}", "-", "-", "1.00", "")
     table.add(*_served_row(args, work, program, target, seconds, direct_rate))
+    sizes = getattr(program, "sizes", None)
+    how = (f"dynamic-batch program compiled at batches {', '.join(map(str, sizes))}" if sizes else
+           f"compiled at batch {program.compiled_batch} (a larger batch runs as several runs of it)")
     notes = [f"{args.clients} clients x {args.client_batch} samples per request, max batch {args.max_batch}, "
-             f"{seconds:.0f} s each half; compiled at batch {program.compiled_batch} "
-             "(a larger batch runs as several runs of it until a dynamic-batch program is served)"]
+             f"{seconds:.0f} s each half; {how}"]
     write_results(args.name or f"serve-{args.model}", f"Serving {args.model} through Triton", args.device,
                   [table], notes, save=not args.no_save)
     return 0

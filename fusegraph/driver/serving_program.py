@@ -1,7 +1,8 @@
 """What a server runs: a compiled model that answers any batch from 1 to `max_batch`.
 
-A program is compiled for fixed shapes. Until a model is compiled for a range of batch sizes,
-the program compiled at the model's own batch B serves every request: a batch of n samples
+A program is compiled for fixed shapes. A dynamic-batch program (one per power of two) serves
+a range when fusegraph has one; otherwise the program compiled at the model's own batch B
+serves every request (`BatchedProgram`): a batch of n samples
 runs as ceil(n / B) runs of B, the last padded with copies of its last sample and cut back, so
 the padding never shows. Every input and output must have the batch as its first dimension.
 """
@@ -84,15 +85,28 @@ def _padded(a: np.ndarray, b: int) -> np.ndarray:
     return np.concatenate([a, np.repeat(a[-1:], b - len(a), axis=0)])
 
 
-def load_batched(path: "str | Path", target: str, fp16: bool, max_batch: int) -> BatchedProgram:
-    """The model in `path` (.onnx, or a saved .fgx program) compiled for `target` and batched.
+def load_batched(path: "str | Path", target: str, fp16: bool, max_batch: int) -> Any:
+    """The model in `path` (.onnx, or a saved .fgx program) compiled for `target`, answering
+    batches of 1 to `max_batch`: `run(inputs)`, `input_specs`, `output_specs`.
 
-    A saved compiled program keeps its own target and options; a saved Program or an ONNX
-    model is compiled here."""
+    An ONNX model is compiled for the range when fusegraph has dynamic-batch programs
+    (`fusegraph.compile_dynamic_batch`: one program per power of two, a batch runs the next size
+    up) and the model can be re-batched; otherwise, and for a .fgx file (a saved compiled program
+    keeps its own target and options), the program of the model's own batch runs as often as
+    needed (`BatchedProgram`)."""
     import fusegraph
     from fusegraph import api
+    from fusegraph.errors import FusegraphError
 
     path = Path(path)
+    dynamic = getattr(fusegraph, "compile_dynamic_batch", None)
+    if dynamic is not None and path.suffix.lower() != ".fgx":
+        try:
+            return dynamic(str(path), batch=(1, max_batch), target=target, fp16=fp16)
+        except FusegraphError as e:
+            import warnings
+
+            warnings.warn(f"{path.name}: no dynamic-batch program ({e}); serving the model's own batch")
     loaded = fusegraph.load(path) if path.suffix.lower() == ".fgx" else fusegraph.parse_onnx(path)
     if api.compiled_target(loaded) is None:
         loaded = api.compile(loaded, target, fp16=fp16)

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 
 from fusegraph.driver.dlpack_capsule import capsule
-from fusegraph.driver.serving_program import BatchedProgram, load_batched
+from fusegraph.driver.serving_program import load_batched
 from fusegraph.errors import FusegraphError
 
 
 class TritonPythonModel:
     """The class Triton's Python backend looks for in model.py."""
 
-    program: BatchedProgram
+    program: Any  # a BatchedProgram or a dynamic-batch program: run, input_specs, output_specs
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -51,7 +51,8 @@ class TritonPythonModel:
             return [pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))) for _ in requests]
         responses, start = [], 0
         for n in sizes:
-            tensors = [pb_utils.Tensor.from_dlpack(k, capsule(v[start:start + n])) for k, v in outputs.items()]
+            tensors = [pb_utils.Tensor.from_dlpack(k, capsule(outputs[k][start:start + n].astype(dtype, copy=False)))
+                       for k, (dtype, _) in self.program.output_specs.items()]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             start += n
         return responses
@@ -60,5 +61,5 @@ class TritonPythonModel:
         self.program = None  # type: ignore[assignment]
 
 
-def _zeros(program: BatchedProgram, batch: int) -> dict[str, np.ndarray]:
+def _zeros(program: Any, batch: int) -> dict[str, np.ndarray]:
     return {k: np.zeros((batch, *shape), dtype) for k, (dtype, shape) in program.input_specs.items()}

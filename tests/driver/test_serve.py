@@ -65,25 +65,46 @@ def test_serve_refuses_gpus_on_the_ref_target(small_model, tmp_path, capsys):
     assert "--gpus applies to the gpu target" in capsys.readouterr().err
 
 
+def _per_sample(model: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    want = fusegraph.compile(fusegraph.parse_onnx(model), "ref")
+    n = len(inputs["x"])
+    return np.concatenate([want.run({k: v[i:i + 1] for k, v in inputs.items()})["out"] for i in range(n)])
+
+
 def test_batched_program_answers_any_batch_in_the_declared_dtypes(small_model):
     """A program compiled at batch 1 answers 5 samples as five runs; an fp16 program takes and
     gives the model's float32, converting inside; batches outside 1..max are refused."""
-    from fusegraph.driver.serving_program import load_batched
+    from fusegraph.driver.serving_program import BatchedProgram
     from fusegraph.errors import InputError
 
     rng = np.random.default_rng()
     inputs = _inputs(5, rng)
-    fp32 = load_batched(small_model, "ref", False, MAX_BATCH)
-    want = fusegraph.compile(fusegraph.parse_onnx(small_model), "ref")
-    expected = np.concatenate([want.run({k: v[i:i + 1] for k, v in inputs.items()})["out"] for i in range(5)])
+    expected = _per_sample(small_model, inputs)
+    fp32 = BatchedProgram(fusegraph.compile(fusegraph.parse_onnx(small_model), "ref"), MAX_BATCH)
     np.testing.assert_array_equal(fp32.run(inputs)["out"], expected)
-    half = load_batched(small_model, "ref", True, MAX_BATCH)
+    half = BatchedProgram(fusegraph.compile(fusegraph.parse_onnx(small_model), "ref", fp16=True), MAX_BATCH)
     assert half.input_specs["x"] == (np.dtype(np.float32), (3, 8, 8)) and half.compiled_dtypes["x"] == np.float16
     out = half.run(inputs)["out"]
     assert out.dtype == np.float32
     assert np.linalg.norm(out - expected) / np.linalg.norm(expected) < 1e-2  # float16 rounding
     with pytest.raises(InputError, match="batch of 1 to 8"):
         fp32.run(_inputs(MAX_BATCH + 1, rng))
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_what_the_server_loads_answers_every_batch(small_model, fp16):
+    """`load_batched` (a dynamic-batch program where fusegraph has one) against the model run
+    sample by sample: float32 to 1e-6, float16 to 1e-2."""
+    from fusegraph.driver.serving_program import load_batched
+
+    program = load_batched(small_model, "ref", fp16, MAX_BATCH)
+    rng = np.random.default_rng()
+    for n in (1, 3, MAX_BATCH):
+        inputs = _inputs(n, rng)
+        got = np.asarray(program.run(inputs)["out"], np.float32)
+        expected = _per_sample(small_model, inputs)
+        assert got.shape == expected.shape
+        assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < (1e-2 if fp16 else 1e-6)
 
 
 def _free_ports(n: int) -> list[int]:
