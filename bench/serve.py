@@ -4,7 +4,7 @@ N clients (16 by default) on loopback each send requests of `--client-batch` sam
 KServe v2 HTTP (binary tensors) as fast as answers come back; Triton's dynamic batcher gathers
 them into batches of up to `--max-batch` (32). Reported: served throughput (samples/s) and
 per-request latency p50/p99, against the direct throughput of the same compiled program
-(`BatchedProgram.run`, NumPy in and out, as the server's backend calls it) at the batch the
+(`run`, NumPy in and out, as the server's backend calls it) at the batch the
 clients keep in flight. The first answer is checked against the direct run. Needs a GPU and
 the nvidia-pytriton wheel (`pip install --no-deps nvidia-pytriton==0.7.0`); without the wheel
 only the direct half runs and the table says why.
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     direct_rate, direct_ms = time_direct(program, in_flight, seconds, args.seed)
     table = Table(f"{args.model} served by Triton vs run directly ({target} target, {'fp16' if fp16 else 'fp32'})",
                   ["how", "batch", "samples/s", "p50 ms", "p99 ms", "requests", "vs direct", "note"])
-    table.add("direct (BatchedProgram.run)", in_flight, f"{direct_rate:.0f}", f"{direct_ms:.2f}", "-", "-", "1.00", "")
+    table.add("direct (program.run)", in_flight, f"{direct_rate:.0f}", f"{direct_ms:.2f}", "-", "-", "1.00", "")
     table.add(*_served_row(args, work, program, target, seconds, direct_rate))
     sizes = getattr(program, "sizes", None)
     how = (f"dynamic-batch program compiled at batches {', '.join(map(str, sizes))}" if sizes else
