@@ -90,6 +90,8 @@ class TritonServer:
         self.workdir = Path(tempfile.mkdtemp(prefix="fusegraph-triton-"))
         self.log_path = Path(log) if log else self.workdir / "tritonserver.log"
         self.process: subprocess.Popen[bytes] | None = None
+        #: directories removed when the server stops (a repository written for it alone)
+        self.cleanup: list[Path] = []
 
     @property
     def http_url(self) -> str:
@@ -122,7 +124,9 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise TargetUnavailableError(f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}")
+                tail = self.log_tail()
+                code = self.stop()
+                raise TargetUnavailableError(f"tritonserver exited with code {code}:\n{tail}")
             if self.ready():
                 return self
             time.sleep(0.25)
@@ -136,11 +140,15 @@ class TritonServer:
         except OSError:
             return False
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_tail(self, lines: int = 12) -> str:
+        """What the log says went wrong: Triton's error lines (a model's traceback folded into
+        one line each, cut at its `At:` part), then its last lines."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
+        errors = [ln.split("\\n\\nAt:")[0] for ln in text if ln.startswith("E") and "CudaDriverHelper" not in ln]
+        return "\n".join(errors[-4:] + text[-lines:])
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """Ask the server to finish its requests and exit (SIGINT), kill it after `timeout`
@@ -155,7 +163,8 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        shutil.rmtree(self.workdir / "tritonserver", ignore_errors=True)
+        for d in [self.workdir / "tritonserver", *self.cleanup]:
+            shutil.rmtree(d, ignore_errors=True)
         return p.returncode
 
     def __enter__(self) -> "TritonServer":

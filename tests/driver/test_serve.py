@@ -237,3 +237,19 @@ def test_serve_without_the_wheel_says_what_to_install(small_model, monkeypatch, 
     monkeypatch.setattr(triton_server.importlib.util, "find_spec", lambda name: None if name == "pytriton" else real(name))
     assert main(["serve", small_model, "--target", "ref"]) == 2
     assert "pip install --no-deps nvidia-pytriton==0.7.0" in capsys.readouterr().err
+
+
+@needs_triton
+def test_a_model_that_fails_to_load_is_a_clear_error(small_model, tmp_path):
+    """The backend's error reaches the caller with the end of Triton's log, and no server is left."""
+    from fusegraph.driver.triton_repository import write_repository
+    from fusegraph.driver.triton_server import TritonServer
+    from fusegraph.errors import TargetUnavailableError
+
+    model_dir = write_repository(small_model, tmp_path, target="ref", max_batch=2)
+    (model_dir / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    http, grpc, metrics = _free_ports(3)
+    server = TritonServer(tmp_path, port=http, grpc_port=grpc, metrics_port=metrics)
+    with pytest.raises(TargetUnavailableError, match="tritonserver exited") as info:
+        server.start(timeout=120)
+    assert "model.onnx" in str(info.value) and server.process is None
