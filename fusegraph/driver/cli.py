@@ -405,6 +405,40 @@ def _reject_saving_options(args: argparse.Namespace) -> None:
                             "compile saves: add -o FILE.fgx")
 
 
+def cmd_graph(args: argparse.Namespace) -> int:
+    from fusegraph.driver.fusion_graph import attach_times, fusion_graph, kernel_count, read_perf
+    from fusegraph.driver.fusion_html import render
+
+    program = _fused_program(args)
+    graph = fusion_graph(program, model=args.model)
+    if args.perf:
+        attach_times(graph, read_perf(args.perf), args.perf)
+    Path(args.output).write_text(render(graph))
+    print(f"wrote {args.output}: {kernel_count(program)} fused kernels")
+    return 0
+
+
+def _fused_program(args: argparse.Namespace) -> "Program":
+    """The fused program of MODEL; of a .fgx file, the one it compiles to (a gpu program's own)."""
+    import copy
+
+    from fusegraph import api
+    from fusegraph.driver.saved_files import is_saved_file, load_saved
+    from fusegraph.ops.base import is_fused
+
+    if not is_saved_file(args.model):
+        return api.fuse(_load(args))
+    loaded = load_saved(args)
+    program = loaded if api.compiled_target(loaded) is None else loaded.program
+    return program if any(is_fused(i) for i in program.main) else api.fuse(copy.deepcopy(program))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from fusegraph.driver.serve_cli import serve_command
+
+    return serve_command(args)
+
+
 def cmd_zoo(args: argparse.Namespace) -> int:
     from fusegraph import zoo
 
@@ -431,6 +465,9 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "verify": (cmd_verify, "compare the reference target with ONNX Runtime (or, with --target gpu, the gpu "
                            "target with the reference target) on the same random inputs"),
     "perf": (cmd_perf, "compile for the GPU and time the program kernel by kernel and end to end"),
+    "graph": (cmd_graph, "draw the fused program as an HTML page: one colored box per kernel holding its ops"),
+    "serve": (cmd_serve, "serve a model through NVIDIA Triton Inference Server (KServe v2 HTTP and gRPC), or "
+                         "write a Triton model repository"),
     "zoo": (cmd_zoo, "list the models built into fusegraph"),
     "ops": (cmd_ops, "list the supported ONNX ops"),
 }
@@ -458,8 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (fn, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)
         p.set_defaults(func=fn)
-        if name in ("read", "compile", "run", "verify", "perf"):
-            _model_args(p, saved=name in ("run", "verify", "perf"), batch=name != "read")
+        if name in ("read", "compile", "run", "verify", "perf", "graph"):
+            _model_args(p, saved=name in ("run", "verify", "perf", "graph"), batch=name not in ("read", "graph"))
         if name in ("run", "verify", "perf"):
             _run_args(p)
         if name in ("run", "verify"):
@@ -499,6 +536,14 @@ def build_parser() -> argparse.ArgumentParser:
                            help="with -o: the target the saved program is compiled for (default gpu)")
             p.add_argument("--lazy-tune", action="store_true",
                            help="with -o and --batch LO..HI: tune each batch size at its first run, not now")
+        if name == "graph":
+            p.add_argument("-o", "--output", metavar="FILE.html", required=True, help="the page to write")
+            p.add_argument("--perf", metavar="PERF", help="kernel times: the output of `fusegraph perf MODEL` "
+                                                          "saved as text, or its --trace JSON")
+        if name == "serve":
+            from fusegraph.driver.serve_cli import add_serve_args
+
+            add_serve_args(p)
     return parser
 
 
