@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu.test_gpu_kernels import TOL, check_gpu, node
+from fusegraph import api, parse_onnx
+from tests.gpu.test_gpu_kernels import TOL, _run_configs, check_gpu, node
 from tests.helpers import make_model, rand
 
 FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
@@ -68,3 +69,16 @@ def test_layernorm_statistics_of_rows_far_from_zero():
                         "w": rand(96, 16, seed=3, scale=0.2)})
     compiled = check_gpu(model, tolerance=1e-4)
     assert [k.src.template for k in compiled.kernels] == ["gemm"]  # the add too, recomputed in both loops
+
+
+def test_layernorm_prologue_under_every_default_config():
+    """The first candidates (tile sizes and split-k: every program of a split computes the
+    statistics of its rows over all of K) and a BK of 32, on fresh inputs against the reference."""
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"])],
+                       {"x": [1, 4, 768]}, ["y"], {"g": rand(768, seed=1), "bt": rand(768, seed=2), "w": rand(768, 16, seed=3, scale=0.1)})
+    program = parse_onnx(model)
+    compiled = api.compile(program, "gpu", tune=False)
+    (k,) = compiled.kernels
+    configs = k.src.configs[:4] + [c for c in k.src.configs if c["BK"] == 32][:1]
+    assert any(c["SPLIT"] > 1 for c in configs) and len(configs) == 5, k.src.configs
+    _run_configs(program, compiled, configs, np.random.default_rng(11))
