@@ -125,18 +125,24 @@ class PrologueRule:
         rank = ln.shape.ndim
         if len(ln.inputs) != 1 or ln.op.attrs["axis"] != rank - 1 or not self.anchor.op.k_is_last_axis:
             return False
-        last = at.out_vars[-1]
-        if at.exprs[-1] != last or last.extent != ln.shape.lens[-1]:
-            return False
-        if any(last in free_vars(e) for e in at.exprs[:-1]):
+        if not keeps_last_axis(at, ln.shape.lens[-1]):
             return False
         readers = self.readers(ln)
         return readers is not None and all(u is self.anchor or reads_rows(u, ln) for u in readers)
 
 
+def keeps_last_axis(at: IndexMap, k: int) -> bool:
+    """Whether a map sends every index's last coordinate (of extent k) to the last, and nothing
+    else to it: each row it reads is a whole row of its input, in order."""
+    last = at.out_vars[-1]
+    return (at.exprs[-1] == last and last.extent == k == at.in_lens[-1]
+            and not any(last in free_vars(e) for e in at.exprs[:-1]))
+
+
 def reads_rows(product: Instruction, x: Instruction) -> bool:
-    """Whether `product` is a matrix product reading `x` directly as its A, along x's last axis."""
-    return product.op.k_is_last_axis and product.op.family == "gemm" and product.inputs[0] is x
+    """Whether `product` is a matrix product reading `x` as its A (directly or through views),
+    summing along x's last axis."""
+    return product.op.k_is_last_axis and _reads_as_a(product, x)
 
 
 def _reads_as_a(product: Instruction, x: Instruction) -> bool:

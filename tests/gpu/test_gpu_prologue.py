@@ -53,6 +53,14 @@ def test_layernorm_then_matmul(lens, width, fp16):
     _check_one_gemm(model, fp16)
 
 
+def test_layernorm_then_transpose_then_batched_matmul():
+    """Sequence-first rows: the batch index of the product picks the rows' sequence position."""
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("Transpose", ["t"], ["tt"], perm=[1, 0, 2]),
+                        node("MatMul", ["tt", "w"], ["y"])], {"x": [3, 5, 64]}, ["y"],
+                       {"g": rand(64, seed=1), "bt": rand(64, seed=2), "w": rand(64, 8, seed=3, scale=0.3)})
+    _check_one_gemm(model, False)
+
+
 @pytest.mark.parametrize("fp16", [False, True])
 def test_layernorm_then_gemm_with_bias(fp16):
     model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("Gemm", ["t", "w", "c"], ["y"])],

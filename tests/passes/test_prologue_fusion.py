@@ -184,3 +184,30 @@ def test_layernorm_with_another_kind_of_reader_keeps_its_kernel():
     kernels = [f.op.attrs["kernel"] for f in _fused(after)]
     assert kernels[0].startswith("layernorm") and "dot" in kernels[1] and "layernorm" not in kernels[1]
     assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def _layernorm_transpose_matmul(perm: list[int]):
+    return make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("Transpose", ["t"], ["tt"], perm=perm),
+                       node("MatMul", ["tt", "w"], ["y"])], {"x": [3, 5, 32]}, ["y"],
+                      {"g": rand(32, seed=1), "b": rand(32, seed=2), "w": rand(32 if perm[-1] == 2 else 5, 8, seed=3)})
+
+
+def test_layernorm_read_through_a_transpose_of_its_leading_axes_is_in_the_product():
+    """Sequence-first attention transposes the normalized rows before its projection: each row
+    stays whole, so the product still normalizes it."""
+    model = _layernorm_transpose_matmul([1, 0, 2])
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    (f,) = _fused(after)
+    assert _sub_ops(f) == ["layernorm", "dot", "add"]
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+
+
+def test_layernorm_whose_rows_a_transpose_breaks_keeps_its_kernel():
+    """A product summing across rows (the normalized axis moved away from K) cannot normalize."""
+    model = _layernorm_transpose_matmul([0, 2, 1])
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    kernels = [f.op.attrs["kernel"] for f in _fused(after)]
+    assert len(kernels) == 2 and kernels[0].startswith("layernorm")
+    assert_same_results(before, after, tolerance=TOLERANCE)
