@@ -48,7 +48,7 @@ def reads_per_element(anchor: Instruction) -> int:
     op = anchor.op
     w = anchor.inputs[op.weight_input] if op.weight_input is not None else None
     n = anchor.shape.lens[op.channel_axis(anchor.shape.ndim)] // op.attrs.get("group", 1)
-    taps = math.prod(w.shape.lens[2:]) if w is not None and w.shape.ndim > 2 else 1
+    taps = math.prod(w.shape.lens[2:]) if w is not None and not op.k_is_last_axis else 1  # a window's taps
     if op.spatial_window:
         taps = -(-taps // math.prod(op.attrs["stride"]))
     return max(1, taps) * -(-n // N_TILE)

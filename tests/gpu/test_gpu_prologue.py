@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from fusegraph import api, parse_onnx
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Program
+from fusegraph.ir.shape import Shape
+from fusegraph.ops.reduce import LayerNorm
+from fusegraph.ops.source import add_param
 from tests.gpu.test_gpu_kernels import TOL, _run_configs, check_gpu, node
-from tests.helpers import make_model, rand
+from tests.helpers import make_model, rand, rel_err
 
 FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 
@@ -90,3 +95,17 @@ def test_layernorm_prologue_under_every_default_config():
     configs = k.src.configs[:4] + [c for c in k.src.configs if c["BK"] == 32][:1]
     assert any(c["SPLIT"] > 1 for c in configs) and len(configs) == 5, k.src.configs
     _run_configs(program, compiled, configs, np.random.default_rng(11))
+
+
+def test_layernorm_without_affine_on_its_own():
+    """A one-input layernorm (its affine folded away) that no product computes runs in the
+    reduction template, normalizing only."""
+    p = Program()
+    x = add_param(p.main, "x", Shape.of(DType.float32, [5, 40]))
+    p.main.set_returns([p.main.add(LayerNorm(1, 1e-5), [x])], ["y"])
+    compiled = api.compile(p, "gpu", tune=False)
+    assert [k.src.template for k in compiled.kernels] == ["reduction"]
+    value = np.random.default_rng(2).standard_normal((5, 40)).astype(np.float32)
+    compiled.poison()
+    got = compiled.run({"x": value})["y"]
+    assert rel_err(got, api.run(p, {"x": value})["y"]) <= TOL

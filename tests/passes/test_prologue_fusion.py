@@ -57,6 +57,9 @@ def test_cost_rule_counts_reads_per_element_and_ops():
     assert reads_per_element(_conv(m, xs, 24)) == 1
     assert reads_per_element(_conv(m, xs, 24, k=3)) == 9  # each element under nine taps
     assert reads_per_element(_conv(m, xs, 300)) == 3  # one read per N tile of 128 channels
+    a = add_param(m, "a", Shape.of(DType.float32, [2, 6, 16]))
+    dot = m.add(make_op("dot"), [a, add_literal(m, rand(2, 16, 200, seed=3))])
+    assert reads_per_element(dot) == 2  # batched: its weights' last axis is N, not a window
 
 
 def test_se_scaled_input_is_computed_in_the_conv():
