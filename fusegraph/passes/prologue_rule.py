@@ -77,7 +77,7 @@ class PrologueRule:
         self.users = module.users()
         self.returned = {id(r) for r in module.returns}
         self.inside: set[int] = {id(anchor)}
-        self.reads = reads_per_element(anchor)
+        self.reads = reads_per_element(anchor) if anchor.op.family == "gemm" else 0
 
     def __call__(self, ins: Instruction, at: IndexMap | None = None) -> bool:
         if self.anchor.op.family != "gemm":
@@ -121,7 +121,7 @@ class PrologueRule:
     def normalizes_k(self, ln: Instruction, at: IndexMap) -> bool:
         """A layernorm of one input (its affine folded away) over its last axis, read by this
         product's A at rows that keep that axis whole (`at` sends the last index to the last),
-        and otherwise only by products reading it as A directly: each computes the statistics."""
+        and otherwise only by matrix products reading it as A: each computes the statistics."""
         rank = ln.shape.ndim
         if len(ln.inputs) != 1 or ln.op.attrs["axis"] != rank - 1 or not self.anchor.op.k_is_last_axis:
             return False
