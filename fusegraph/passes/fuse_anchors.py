@@ -8,6 +8,10 @@ covers) and concats of branches of the same group. Each tensor of the epilogue i
 pieces: where an anchor-output index lands in it, on which domain, with which value. The
 group's output is stored through those maps, so the kernel writes the final layout directly.
 
+A product's A operand is read through views and also computes the producers that
+`prologue_rule.py` accepts (pointwise ops, a concat as a select, a layernorm over K), so its
+kernel reads their inputs instead of a tensor written for it; the weights are read as they are.
+
 The same machinery serves reductions and data movement ops (`FuseReductions`,
 `FuseMovement`): their prologue reads through views and recomputes pointwise producers.
 """
@@ -175,7 +179,8 @@ def _pointwise(ins: Instruction, at: IndexMap) -> bool:
 
 
 class FuseAnchors:
-    """One fused instruction per anchor, with its prologue views and its invertible epilogue."""
+    """One fused instruction per anchor, with its prologue (views, and for a product what
+    `PrologueRule` accepts) and its invertible epilogue."""
 
     name = "fuse_anchors"
     kinds: tuple[OpKind, ...] = (OpKind.ANCHOR,)
