@@ -207,6 +207,7 @@ class Dot(Op):
     kind = OpKind.ANCHOR
     family = "gemm"
     weight_input = 1
+    k_is_last_axis = True
 
     def channel_axis(self, rank: int) -> int:
         return rank - 1

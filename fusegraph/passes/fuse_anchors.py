@@ -8,13 +8,17 @@ covers) and concats of branches of the same group. Each tensor of the epilogue i
 pieces: where an anchor-output index lands in it, on which domain, with which value. The
 group's output is stored through those maps, so the kernel writes the final layout directly.
 
+A product's A operand is read through views and also computes the producers that
+`prologue_rule.py` accepts (pointwise ops, a concat as a select, a layernorm over K), so its
+kernel reads their inputs instead of a tensor written for it; the weights are read as they are.
+
 The same machinery serves reductions and data movement ops (`FuseReductions`,
 `FuseMovement`): their prologue reads through views and recomputes pointwise producers.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fusegraph.ir.index_expr import bounds
 from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
@@ -22,6 +26,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
+from fusegraph.passes.prologue_rule import PrologueRule
 from fusegraph.passes.rewrite import rewrite_each
 
 
@@ -164,12 +169,21 @@ def anchor_group(module: Module, anchor: Instruction) -> tuple[Instruction, list
     return out, members
 
 
+def _never(ins: Instruction, at: IndexMap) -> bool:
+    return False
+
+
+def _pointwise(ins: Instruction, at: IndexMap) -> bool:
+    """Every pointwise producer, recomputed: a reduction or a movement op reads each element once."""
+    return ins.op.kind == OpKind.POINTWISE
+
+
 class FuseAnchors:
-    """One fused instruction per anchor, with its prologue views and its invertible epilogue."""
+    """One fused instruction per anchor, with its prologue (views, and for a product what
+    `PrologueRule` accepts) and its invertible epilogue."""
 
     name = "fuse_anchors"
     kinds: tuple[OpKind, ...] = (OpKind.ANCHOR,)
-    inline_prologue = False  # recomputing pointwise producers per tap of a conv is not free
 
     def apply(self, module: Module) -> bool:
         def try_fuse(anchor: Instruction) -> bool:
@@ -186,10 +200,16 @@ class FuseAnchors:
     def wants(self, ins: Instruction) -> bool:
         return ins.op.kind in self.kinds
 
+    def prologue(self, module: Module, anchor: Instruction) -> Callable[[Instruction, IndexMap], bool]:
+        """Which producers of the anchor's first input its kernel computes (`prologue_rule.py`)."""
+        return PrologueRule(module, anchor)
+
     def fuse(self, module: Module, anchor: Instruction) -> Instruction:
-        inline = (lambda ins: True) if self.inline_prologue else (lambda ins: False)
-        b = GroupBuilder(group_name(module), inline)
-        value = b.add(anchor.op, [b.gather(x) for x in anchor.inputs], anchor.origin)
+        b = GroupBuilder(group_name(module), self.prologue(module, anchor))
+        operands = [b.gather(anchor.inputs[0])]
+        b.inline = _never  # the weights and the epilogue's side inputs are read as they are
+        operands += [b.gather(x) for x in anchor.inputs[1:]]
+        value = b.add(anchor.op, operands, anchor.origin)
         out, pieces, members = _Epilogue(module, anchor, b).grow(value)
         fused = b.finish(out, pieces, kernel_name(b.inlined + members))
         place(module, fused, out, members)
@@ -202,7 +222,9 @@ class FuseReductions(FuseAnchors):
 
     name = "fuse_reductions"
     kinds = (OpKind.REDUCE,)
-    inline_prologue = True
+
+    def prologue(self, module: Module, anchor: Instruction) -> Callable[[Instruction, IndexMap], bool]:
+        return _pointwise
 
 
 class FuseMovement(FuseAnchors):
@@ -211,7 +233,9 @@ class FuseMovement(FuseAnchors):
 
     name = "fuse_movement"
     kinds = (OpKind.MOVE,)
-    inline_prologue = True
+
+    def prologue(self, module: Module, anchor: Instruction) -> Callable[[Instruction, IndexMap], bool]:
+        return _pointwise
 
     def wants(self, ins: Instruction) -> bool:
         # movement with an index map (a resize that reads `o // k`) is a view: its reader loads through it

@@ -19,6 +19,7 @@ from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.eliminate_concat import EliminateConcat
 from fusegraph.passes.eliminate_identity import EliminateIdentity
 from fusegraph.passes.fold_into_weights import FoldIntoWeights
+from fusegraph.passes.fold_norm_affine import FoldNormAffine
 from fusegraph.passes.fuse_anchors import FuseAnchors, FuseMovement, FuseReductions
 from fusegraph.passes.fuse_pointwise import FusePointwise
 from fusegraph.passes.manager import Pass, PassReport, run_passes
@@ -30,7 +31,7 @@ from fusegraph.passes.space_to_depth import SpaceToDepth
 
 def canonicalize_passes() -> list[Pass]:
     return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), SimplifyViews(),
-            FoldIntoWeights(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
+            FoldIntoWeights(), FoldNormAffine(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
 
 
 def fusion_passes() -> list[Pass]:

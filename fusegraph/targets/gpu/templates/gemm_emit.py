@@ -15,6 +15,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
+from fusegraph.targets.gpu.templates.gemm_prologue import RowStatistics, prologue_norms, selected_loads
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
 
@@ -69,8 +70,11 @@ class GemmEmitter:
         self.acc_of: dict[int, str] = {}  # epilogue tile -> the accumulator it reads
         self.w = KernelWriter(module, inputs, {id(anchor): self._acc_value})
         self.a_in, self.b_in = anchor.inputs
-        self.w.raw_loads = {id(x) for x in anchor.inputs if is_load(x)}
-        self.a_masked = is_load(self.a_in) and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+        a_loads = selected_loads(self.a_in)
+        self.a_plain = a_loads is not None  # A computes nothing: its loads are zero wherever masked
+        self.w.raw_loads = {id(x) for x in [*(a_loads or []), self.b_in] if is_load(x)}
+        self.a_masked = self.a_plain and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+        self.stats = RowStatistics(self.w, prologue_norms(module, anchor), spec.a_index, spec.k)
         self.m_bound = f"(rm[:, None] < {spec.m})"
         self.acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
         self.operand = TRITON_TYPES[dtype]
@@ -102,6 +106,7 @@ class GemmEmitter:
         w.emit("pid_k = tl.program_id(2) % SPLIT")
         w.emit("rm = pid_m * BM + tl.arange(0, BM)")
         w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
+        self.stats.emit(self.m_bound)
         # a period of a power of two fills its tile exactly: no bound, so Triton sees whole rows
         n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
         whole = [Columns("acc", "rn", "BN", n_bound)]
@@ -161,7 +166,7 @@ class GemmEmitter:
         ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": self.m_bound, "rk": k_bound})
         conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
         av = w.value(self.a_in, ta, spec.a_index, tuple(conds))
-        if conds and not is_load(self.a_in):  # a computed prologue is zero in the padding too
+        if conds and not self.a_plain:  # a computed prologue is zero in the padding too
             av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
         if not spec.taps and not self.a_masked:  # lanes past k must add nothing, also where A's index ignores k
             av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
