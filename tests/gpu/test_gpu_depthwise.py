@@ -1,0 +1,164 @@
+"""The depthwise-convolution template, under Triton's interpreter, against the reference target.
+
+A convolution with one input channel per group and at most DEPTHWISE_MAX_MULTIPLIER output
+channels per group lowers to the depthwise template (`Convolution.template_family`), others to
+implicit GEMM. Each model runs with every buffer poisoned with NaN, on fresh random inputs:
+fp32 to 2e-5, fp16 to 1e-2 (relative L2 error against the float32 reference).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusegraph import api, parse_onnx
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.shape import Shape
+from fusegraph.ops.anchors import DEPTHWISE_MAX_MULTIPLIER, Convolution
+from fusegraph.targets.gpu.templates.depthwise import depthwise_configs
+from tests.gpu.test_gpu_kernels import TOL, check_gpu, node
+from tests.helpers import make_model, rand, rel_err
+
+FP16_TOL = 1e-2
+
+
+def _dw(x: str, y: str, k: int, stride: int = 1, pad: int = 0, dilation: int = 1, group: int = 8, bias: bool = True):
+    ins = [x, f"w_{y}"] + ([f"b_{y}"] if bias else [])
+    return node("Conv", ins, [y], kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4,
+                dilations=[dilation, dilation], group=group)
+
+
+def _silu(x: str, y: str):
+    return [node("Sigmoid", [x], [f"{y}_s"]), node("Mul", [x, f"{y}_s"], [y])]
+
+
+def _weights(y: str, channels: int, out: int, k: int, seed: int) -> dict[str, np.ndarray]:
+    return {f"w_{y}": rand(out, 1, k, k, seed=seed, scale=0.3), f"b_{y}": rand(out, seed=seed + 1)}
+
+
+def _templates(compiled) -> list[str]:
+    return [k.src.template for k in compiled.kernels]
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("k,stride,pad,dilation,multiplier,batch", [
+    (3, 1, 1, 1, 1, 1),
+    (5, 2, 2, 1, 1, 1),
+    (3, 1, 2, 2, 1, 1),  # dilation 2
+    (3, 1, 1, 1, 2, 1),  # two output channels per input channel
+    (3, 2, 1, 1, 1, 2),  # batch 2
+])
+def test_depthwise_silu_reads_a_channels_last_map(k, stride, pad, dilation, multiplier, batch, half):
+    """1x1 conv -> depthwise conv -> SiLU: the depthwise kernel reads the NHWC buffer the GEMM
+    writes and writes the program's NCHW output through its epilogue."""
+    c, h, w = 16, 7, 9
+    nodes = [node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             _dw("a", "d", k, stride, pad, dilation, group=c), *_silu("d", "y")]
+    inits = {"w0": rand(c, 4, 1, 1, seed=1, scale=0.5), **_weights("d", c, c * multiplier, k, seed=2)}
+    compiled = check_gpu(make_model(nodes, {"x": [batch, 4, h, w]}, ["y"], inits),
+                         tolerance=FP16_TOL if half else TOL, fp16=half)
+    assert _templates(compiled) == ["gemm", "depthwise"]
+    (fmap,) = [b for b in compiled.plan.buffers if b.kind == "arena"]
+    assert fmap.perm == (0, 2, 3, 1)
+    weights = [b for b in compiled.plan.buffers if b.kind == "literal" and b.shape.lens == (c * multiplier, 1, k, k)]
+    assert [b.perm for b in weights] == [(2, 3, 1, 0)]  # [kh, kw, 1, M]: a tap's channels contiguous
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_convnext_depthwise_7x7_bias_and_nhwc_transpose(half):
+    """ConvNeXt's block opens with a 7x7 depthwise conv (bias, pad 3) whose output is permuted
+    to NHWC: one kernel, the transpose folded into its store."""
+    c = 8
+    nodes = [node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]), _dw("a", "d", 7, pad=3, group=c),
+             node("Transpose", ["d"], ["y"], perm=[0, 2, 3, 1])]
+    inits = {"w0": rand(c, 3, 1, 1, seed=1, scale=0.5), **_weights("d", c, c, 7, seed=3)}
+    compiled = check_gpu(make_model(nodes, {"x": [1, 3, 9, 10]}, ["y"], inits), tolerance=FP16_TOL if half else TOL, fp16=half)
+    assert _templates(compiled) == ["gemm", "depthwise"]
+    dw = compiled.kernels[1].src
+    assert "tl.static_range(49)" in dw.body
+    assert dw.flops == 2 * 9 * 10 * c * 49
+
+
+def test_depthwise_with_residual_add_reads_an_nchw_input():
+    """x + dwconv(x) on the program's NCHW input: read through its strides, the residual in
+    the epilogue."""
+    c = 6
+    nodes = [_dw("x", "d", 3, pad=1, group=c), node("Add", ["d", "x"], ["y"])]
+    compiled = check_gpu(make_model(nodes, {"x": [1, c, 5, 8]}, ["y"], _weights("d", c, c, 3, seed=4)))
+    assert _templates(compiled) == ["depthwise"]
+
+
+def test_depthwise_reads_through_a_transposed_view():
+    """An NHWC program input transposed to NCHW in front of the conv: the transpose is the
+    load's index map, so the kernel reads the input's channels contiguously."""
+    c = 8
+    nodes = [node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]), _dw("t", "d", 3, stride=2, pad=1, group=c, bias=False),
+             node("Relu", ["d"], ["y"])]
+    inits = {"w_d": rand(c, 1, 3, 3, seed=5, scale=0.3)}
+    compiled = check_gpu(make_model(nodes, {"x": [1, 7, 6, c]}, ["y"], inits))
+    assert _templates(compiled) == ["depthwise"]
+    assert "x0 + " in compiled.kernels[0].src.body
+
+
+def test_large_window_loops_over_its_taps():
+    """Windows wider than the unrolled limit (9x9 = 81 taps) loop at run time."""
+    c = 4
+    compiled = check_gpu(make_model([_dw("x", "y", 9, pad=4, group=c)], {"x": [1, c, 6, 5]}, ["y"],
+                                    _weights("y", c, c, 9, seed=6)))
+    assert _templates(compiled) == ["depthwise"]
+    assert "for tap in range(81):" in compiled.kernels[0].src.body
+
+
+def test_every_config_computes_the_same():
+    """Each tile candidate (pixel and channel blocks that overrun the map and the channels)
+    gives the reference's result."""
+    c = 24
+    nodes = [_dw("x", "d", 3, pad=1, group=c), *_silu("d", "y")]
+    program = parse_onnx(make_model(nodes, {"x": [1, c, 5, 7]}, ["y"], _weights("d", c, c, 3, seed=7)))
+    compiled = api.compile(program, "gpu", tune=False)
+    (kernel,) = compiled.kernels
+    assert len(kernel.src.configs) > 2
+    x = np.random.default_rng(8).standard_normal((1, c, 5, 7)).astype(np.float32)
+    want = api.run(program, {"x": x})["y"]
+    for config in kernel.src.configs:
+        kernel.config = config
+        compiled.poison()
+        got = compiled.run({"x": x})["y"]
+        assert rel_err(got, want) <= TOL, config
+
+
+def _shapes(c_in: int, c_out: int, group: int, k: int = 3) -> list[Shape]:
+    return [Shape.of(DType.float32, [1, c_in, 8, 8]), Shape.of(DType.float32, [c_out, c_in // group, k, k])]
+
+
+@pytest.mark.parametrize("c_in,c_out,group,family", [
+    (32, 32, 32, "depthwise"),  # one channel in and out per group
+    (32, 64, 32, "depthwise"),  # a channel multiplier of 2
+    (8, 8 * DEPTHWISE_MAX_MULTIPLIER, 8, "depthwise"),
+    (8, 8 * (DEPTHWISE_MAX_MULTIPLIER + 1), 8, "gemm"),  # too many outputs per group: a product
+    (1, 4, 1, "depthwise"),  # a single input channel is one group of one
+    (32, 32, 16, "gemm"),  # two input channels per group
+    (16, 32, 1, "gemm"),
+])
+def test_the_rule_choosing_the_depthwise_template(c_in, c_out, group, family):
+    op = Convolution(padding=[1] * 4, stride=[1, 1], dilation=[1, 1], group=group)
+    assert op.template_family(_shapes(c_in, c_out, group)) == family
+    assert op.family == "gemm"  # the passes still see a product with weights
+
+
+def test_a_group_2_convolution_stays_a_gemm():
+    nodes = [node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4, group=4)]
+    compiled = check_gpu(make_model(nodes, {"x": [1, 8, 5, 5]}, ["y"], {"w": rand(8, 2, 3, 3, seed=9, scale=0.3)}))
+    assert _templates(compiled) == ["gemm"]
+
+
+@pytest.mark.parametrize("pixels,channels,first", [
+    (3136, 96, {"BP": 32, "BC": 32}),  # ConvNeXt-T's 96x56x56: three channel blocks
+    (3600, 144, {"BP": 64, "BC": 16}),  # EfficientNet-B1's 144x60x60
+    (49, 768, {"BP": 16, "BC": 64}),  # a 7x7 map: the narrowest pixel block
+])
+def test_config_list_starts_with_the_best_guess(pixels, channels, first):
+    configs = depthwise_configs(pixels, channels)
+    assert {k: configs[0][k] for k in first} == first
+    assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
+    assert all(c["BC"] & (c["BC"] - 1) == 0 and c["BP"] & (c["BP"] - 1) == 0 for c in configs)
