@@ -8,6 +8,8 @@ fp32 to 2e-5, fp16 to 1e-2 (relative L2 error against the float32 reference).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -162,3 +164,71 @@ def test_config_list_starts_with_the_best_guess(pixels, channels, first):
     assert {k: configs[0][k] for k in first} == first
     assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
     assert all(c["BC"] & (c["BC"] - 1) == 0 and c["BP"] & (c["BP"] - 1) == 0 for c in configs)
+
+
+def _depthwise_jobs(half: bool) -> list:
+    """(source, argument types) of the depthwise kernels of a small MobileNet/ConvNeXt-like
+    model: 3x3, 5x5 stride 2, a channel multiplier of 2, 7x7 into an NHWC transpose, 9x9
+    (looped taps); each under its default config and its largest tile."""
+    from fusegraph.ops.base import is_fused
+    from fusegraph.passes.pipeline import fuse
+    from fusegraph.passes.to_half import ToHalf
+    from fusegraph.targets.gpu.ahead_of_time import arg_dtypes
+    from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
+
+    c = 96
+    nodes = [node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             _dw("a", "d3", 3, pad=1, group=c), *_silu("d3", "s3"),
+             _dw("s3", "d5", 5, stride=2, pad=2, group=c), *_silu("d5", "s5"),
+             _dw("s5", "m2", 3, pad=1, group=c),
+             _dw("m2", "d7", 7, pad=3, group=2 * c), node("Transpose", ["d7"], ["t7"], perm=[0, 2, 3, 1]),
+             _dw("s5", "d9", 9, pad=4, group=c)]
+    inits = {"w0": rand(c, 3, 1, 1, seed=1), **_weights("d3", c, c, 3, 2), **_weights("d5", c, c, 5, 3),
+             **_weights("m2", c, 2 * c, 3, 4), **_weights("d7", 2 * c, 2 * c, 7, 5), **_weights("d9", c, c, 9, 6)}
+    program = parse_onnx(make_model(nodes, {"x": [1, 3, 56, 56]}, ["t7", "d9"], inits))
+    if half:
+        ToHalf(DType.float16).apply(program.main)
+    fuse(program)
+    plan = plan_program(program.main)
+    jobs = []
+    for pos, ins in enumerate(i for i in program.main if is_fused(i)):
+        src = generate(ins, pos, kernel_inputs(ins, plan))
+        if src.template == "depthwise":
+            largest = max(src.configs, key=lambda cfg: cfg["BP"] * cfg["BC"])
+            jobs += [(src, arg_dtypes(ins, src)), (replace(src, configs=[largest]), arg_dtypes(ins, src))]
+    return jobs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("half", [True, False])
+def test_every_depthwise_kernel_compiles_for_sm90(half):
+    """Built for the H200 without a GPU (ahead_of_time.py), so a kernel the real backend
+    rejects fails here rather than on the GPU."""
+    pytest.importorskip("triton")
+    from fusegraph.targets.gpu.ahead_of_time import compile_many
+
+    jobs = _depthwise_jobs(half)
+    assert len(jobs) == 10
+    for (src, _), r in zip(jobs, compile_many(jobs, workers=2)):
+        assert r.cubin_bytes > 0 and r.ptx_lines > 0, src.name
+
+
+def test_kernel_floor_of_a_depthwise_kernel(tmp_path, capsys):
+    """bench/kernel_floors.py joins a perf line with the kernel's bytes and FLOPs: ConvNeXt's
+    7x7 depthwise conv over 96x56x56 in fp16 moves 1.21 MB and its 29.5 MFLOP run at the
+    float32 FMA rate (no tensor cores), which sets its floor."""
+    import onnx
+
+    from bench.kernel_floors import kernel_costs, main
+
+    c = 96
+    path = tmp_path / "dw7.onnx"
+    onnx.save(make_model([_dw("x", "y", 7, pad=3, group=c)], {"x": [1, c, 56, 56]}, ["y"], _weights("y", c, c, 7, 1)), path)
+    ((name, (kernel, nbytes, flops, _, _, template)),) = kernel_costs(str(path), True).items()
+    assert template == "depthwise" and flops == 2 * 56 * 56 * c * 49
+    assert nbytes == 2 * (2 * c * 56 * 56 + c * 49 + c)  # input and output once, the weights and bias
+    log = tmp_path / "perf.log"
+    log.write_text(f"{name} = {kernel}(@0,@1,@2) -> half_type, {{1, 96, 56, 56}}: 0.0020ms, 100%\n")
+    assert main([str(log), "--model", str(path), "--vector-flops", "6.7e13"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {name} "))
+    assert f"| {flops / 6.7e13 * 1e6:.2f} |" in row  # the floor: FLOPs over the vector rate

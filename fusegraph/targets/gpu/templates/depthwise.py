@@ -31,7 +31,7 @@ from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelInput
 from fusegraph.targets.gpu.templates.registry import lowers
 
 MAX_UNROLLED_TAPS = 64  # windows up to 8x8 unroll their taps; larger ones loop
-TILE_ELEMENTS = (1024, 2048, 4096)  # outputs per program of the candidates
+TILE_ELEMENTS = (512, 1024, 2048, 4096)  # outputs per program of the candidates
 MIN_PIXELS = 16  # the narrowest pixel block
 WIDEST_CHANNELS = 64  # 128 bytes of fp16 channels: a warp's row of coalesced 16-byte copies
 
@@ -136,7 +136,7 @@ def depthwise_configs(pixels: int, channels: int) -> list[Config]:
         bp = min(most_pixels, max(MIN_PIXELS, elements // width))
         return {"BP": bp, "BC": width, "num_warps": 8 if bp * width >= 4096 else 4, "num_stages": 1}
 
-    first = config(TILE_ELEMENTS[1], bc)
+    first = config(2048, bc)
     while first["BP"] > MIN_PIXELS and math.ceil(pixels / first["BP"]) * math.ceil(channels / bc) < programs:
         first = config(first["BP"] * bc // 2, bc)
     out = [first]
