@@ -17,7 +17,7 @@ from fusegraph import api, parse_onnx
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.shape import Shape
 from fusegraph.ops.anchors import DEPTHWISE_MAX_MULTIPLIER, Convolution
-from fusegraph.targets.gpu.templates.depthwise import depthwise_configs
+from fusegraph.targets.gpu.templates.depthwise import channel_widths, depthwise_configs
 from tests.gpu.test_gpu_kernels import TOL, check_gpu, node
 from tests.helpers import make_model, rand, rel_err
 
@@ -69,15 +69,22 @@ def test_depthwise_silu_reads_a_channels_last_map(k, stride, pad, dilation, mult
 @pytest.mark.parametrize("half", [False, True])
 def test_convnext_depthwise_7x7_bias_and_nhwc_transpose(half):
     """ConvNeXt's block opens with a 7x7 depthwise conv (bias, pad 3) whose output is permuted
-    to NHWC: one kernel, the transpose folded into its store."""
+    to NHWC for a LayerNorm over channels: one kernel, the transpose folded into its store, and
+    the NHWC buffer keeps its layout (its channels are already last), so the store runs along
+    contiguous channels."""
     c = 8
     nodes = [node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]), _dw("a", "d", 7, pad=3, group=c),
-             node("Transpose", ["d"], ["y"], perm=[0, 2, 3, 1])]
-    inits = {"w0": rand(c, 3, 1, 1, seed=1, scale=0.5), **_weights("d", c, c, 7, seed=3)}
+             node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
+             node("LayerNormalization", ["t", "g", "beta"], ["y"], axis=-1, epsilon=1e-6)]
+    inits = {"w0": rand(c, 3, 1, 1, seed=1, scale=0.5), **_weights("d", c, c, 7, seed=3), "g": rand(c, seed=5),
+             "beta": rand(c, seed=6)}
     compiled = check_gpu(make_model(nodes, {"x": [1, 3, 9, 10]}, ["y"], inits), tolerance=FP16_TOL if half else TOL, fp16=half)
-    assert _templates(compiled) == ["gemm", "depthwise"]
+    assert _templates(compiled) == ["gemm", "depthwise", "reduction"]
+    layouts = {b.shape.lens: b.perm for b in compiled.plan.buffers if b.kind == "arena"}
+    assert layouts == {(1, c, 9, 10): (0, 2, 3, 1), (1, 9, 10, c): None}
     dw = compiled.kernels[1].src
     assert "tl.static_range(49)" in dw.body
+    assert f"tl.store(out + ((rc[None, :]) + ({c} * rp[:, None]))" in dw.body
     assert dw.flops == 2 * 9 * 10 * c * 49
 
 
@@ -155,15 +162,29 @@ def test_a_group_2_convolution_stays_a_gemm():
 
 
 @pytest.mark.parametrize("pixels,channels,first", [
-    (3136, 96, {"BP": 32, "BC": 32}),  # ConvNeXt-T's 96x56x56: three channel blocks
-    (3600, 144, {"BP": 64, "BC": 16}),  # EfficientNet-B1's 144x60x60
+    (3136, 96, {"BP": 16, "BC": 64}),  # ConvNeXt-T's 96x56x56: two channel blocks, 392 programs
+    (3600, 144, {"BP": 32, "BC": 64}),  # EfficientNet-B1's 144x60x60
     (49, 768, {"BP": 16, "BC": 64}),  # a 7x7 map: the narrowest pixel block
+    (12544, 32, {"BP": 32, "BC": 32}),  # 32 channels: one block
+    (20, 3, {"BP": 16, "BC": 4}),
 ])
 def test_config_list_starts_with_the_best_guess(pixels, channels, first):
     configs = depthwise_configs(pixels, channels)
     assert {k: configs[0][k] for k in first} == first
+    assert configs[0]["num_warps"] == 4 and all(c["num_stages"] == 1 for c in configs)
     assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
     assert all(c["BC"] & (c["BC"] - 1) == 0 and c["BP"] & (c["BP"] - 1) == 0 for c in configs)
+
+
+@pytest.mark.parametrize("channels,widths", [
+    (96, [64, 32, 128]),  # 64 + 64 (half busy) before 3 x 32
+    (144, [64, 16, 32, 128]),  # 16 divides 144, 64 is the best guess
+    (32, [32, 16]),
+    (136, [64, 8, 32, 128]),
+    (5, [8]),
+])
+def test_channel_widths(channels, widths):
+    assert channel_widths(channels) == widths
 
 
 def _depthwise_jobs(half: bool) -> list:

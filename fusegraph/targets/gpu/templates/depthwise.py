@@ -115,32 +115,48 @@ class DepthwiseEmitter:
         return self.w.value(self.w_in, tile, self.spec.w_index)
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def channel_widths(channels: int) -> list[int]:
+    """Power-of-two channel blocks, the best guess first: the one with the most useful channels
+    per contiguous run, `width * busy fraction` (96 -> 64: two blocks, one of them half busy,
+    beat three full ones of 32, since the L1 cache serves a warp's load in 128-byte lines and
+    a narrow block touches as many lines for less data); then the widest that divides the
+    channels (no idle lane), half and twice the best."""
+    if channels < 8:
+        return [_pow2(channels)]
+    fits = [b for b in (8, 16, 32, WIDEST_CHANNELS) if b <= _pow2(channels)]
+    best = max(fits, key=lambda b: (b * channels / (math.ceil(channels / b) * b), -b))
+    exact = next((b for b in reversed(fits) if channels % b == 0), best)
+    out = [best]
+    for b in (exact, best // 2, best * 2):
+        if 8 <= b <= min(_pow2(channels), 2 * WIDEST_CHANNELS) and b not in out:
+            out.append(b)
+    return out
+
+
 def depthwise_configs(pixels: int, channels: int) -> list[Config]:
     """(BP, BC, num_warps) candidates, the best guess first.
 
-    BC is the widest power of two up to WIDEST_CHANNELS that divides the channels (96 -> 32,
-    144 -> 16), so no lane idles on a channel past the end, or the channels rounded up to a
-    power of two when none of at least 8 divides them. The first candidate's BP is the largest
-    that, at 2048 outputs a program, still gives every multiprocessor two programs (a batch-1
-    map is small: 96x56x56 is 3136 pixels), then the other tile sizes and channel widths follow.
+    BC comes from `channel_widths`. The first candidate's BP is the largest that, at 2048
+    outputs a program, still gives every multiprocessor two programs (a batch-1 map is small:
+    96x56x56 is 3136 pixels); then come 512 to 4096 outputs a program at each width.
     """
-    def pow2(n: int) -> int:
-        return 1 << max(0, n - 1).bit_length()
-
-    widest = min(WIDEST_CHANNELS, pow2(channels))
-    bc = next((b for b in (64, 32, 16, 8) if b <= widest and channels % b == 0), widest)
-    most_pixels = max(MIN_PIXELS, pow2(pixels))
+    widths = channel_widths(channels)
+    most_pixels = max(MIN_PIXELS, _pow2(pixels))
     programs = 2 * current_device().sm_count
 
     def config(elements: int, width: int) -> Config:
         bp = min(most_pixels, max(MIN_PIXELS, elements // width))
         return {"BP": bp, "BC": width, "num_warps": 8 if bp * width >= 4096 else 4, "num_stages": 1}
 
+    bc = widths[0]
     first = config(2048, bc)
     while first["BP"] > MIN_PIXELS and math.ceil(pixels / first["BP"]) * math.ceil(channels / bc) < programs:
         first = config(first["BP"] * bc // 2, bc)
     out = [first]
-    widths = [bc] + [b for b in (bc // 2, bc * 2) if 8 <= b <= pow2(channels) and b <= 2 * WIDEST_CHANNELS]
     for width in widths:
         for elements in TILE_ELEMENTS:
             c = config(elements, width)
