@@ -118,6 +118,17 @@ def test_large_window_loops_over_its_taps():
     assert "for tap in range(81):" in compiled.kernels[0].src.body
 
 
+@pytest.mark.parametrize("x_shape,kernel,stride,pads,multiplier", [
+    ([2, 6, 11], [5], [1], [2, 2], 1),  # 1-d (a Conformer's depthwise conv), batch 2
+    ([1, 3, 4, 5, 3], [3, 3, 3], [2, 1, 1], [1] * 6, 2),  # 3-d, two outputs per channel
+])
+def test_depthwise_over_other_spatial_ranks(x_shape, kernel, stride, pads, multiplier):
+    c = x_shape[1]
+    nodes = [node("Conv", ["x", "w", "b"], ["y"], kernel_shape=kernel, strides=stride, pads=pads, group=c)]
+    inits = {"w": rand(c * multiplier, 1, *kernel, seed=10, scale=0.3), "b": rand(c * multiplier, seed=11)}
+    assert _templates(check_gpu(make_model(nodes, {"x": x_shape}, ["y"], inits))) == ["depthwise"]
+
+
 def test_every_config_computes_the_same():
     """Each tile candidate (pixel and channel blocks that overrun the map and the channels)
     gives the reference's result."""
