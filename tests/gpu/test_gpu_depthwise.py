@@ -264,3 +264,13 @@ def test_kernel_floor_of_a_depthwise_kernel(tmp_path, capsys):
     assert main([str(log), "--model", str(path), "--vector-flops", "6.7e13"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {name} "))
     assert f"| {flops / 6.7e13 * 1e6:.2f} |" in row  # the floor: FLOPs over the vector rate
+
+
+def test_the_registry_finds_the_depthwise_template_from_the_shapes():
+    from fusegraph.targets.gpu.templates.depthwise import depthwise_kernel
+    from fusegraph.targets.gpu.templates.gemm import gemm_kernel
+    from fusegraph.targets.gpu.templates.registry import template_for
+
+    op = Convolution(padding=[1] * 4, stride=[1, 1], dilation=[1, 1], group=32)
+    assert template_for(op, _shapes(32, 32, 32)) is depthwise_kernel
+    assert template_for(op) is gemm_kernel  # the class trait alone: the family the passes see
