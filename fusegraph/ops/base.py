@@ -10,7 +10,8 @@ template, its spelling there):
   recomputed pointwise prologue, data movement runs on its own; `MEMORY` ops (load, store,
   allocate, select) exist only inside fused groups.
 * `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`);
-  empty for ops no template lowers by themselves.
+  empty for ops no template lowers by themselves. `template_family(input shapes)` may name a
+  narrower one for some shapes (`depthwise` for a convolution with one input channel per group).
 * `short_name`: how fused kernel names spell it (`conv` for convolution).
 * views: `input_map` (output index -> the input index it reads), `bijective`, `keeps_order`,
   `broadcasts`, `axis_permutation` (transpose), `ranges` (a unit-step slice).
@@ -138,6 +139,11 @@ class Op:
         """For a view that reads one box of its input with unit steps: (axis, start, end) of
         each axis it cuts; else None. An epilogue splits at such a view, by domain."""
         return None
+
+    def template_family(self, inputs: Sequence[Shape]) -> str:
+        """The GPU template family that lowers this op on inputs of these shapes: `family`,
+        unless the shapes make a narrower template the better one (a depthwise convolution)."""
+        return self.family
 
     def channel_axis(self, rank: int) -> int:
         """For an anchor: the axis of its output channels in an output of rank `rank`."""
