@@ -41,15 +41,15 @@ SIG_DIGITS = 6  # gains are stored rounded; the stored numbers are what load() u
 
 
 def _final_consumer(graph: onnx.GraphProto, name: str) -> onnx.NodeProto:
-    """The Conv/Gemm a weight feeds, through the Reshape/Unsqueeze chain `_params` also follows."""
+    """The Conv/Gemm/MatMul a weight feeds, through the Reshape/Unsqueeze chain `_params` also follows."""
     for _ in range(8):
         uses = [n for n in graph.node if name in n.input]
         assert len(uses) == 1, (name, [n.op_type for n in uses])
         node = uses[0]
-        if node.op_type in ("Conv", "Gemm"):
+        if node.op_type in ("Conv", "Gemm", "MatMul"):
             return node
         name = node.output[0]
-    raise AssertionError(f"no Conv/Gemm behind {name}")
+    raise AssertionError(f"no Conv/Gemm/MatMul behind {name}")
 
 
 def _unit_gain_model(name: str) -> tuple[onnx.ModelProto, list[str]]:
@@ -70,6 +70,27 @@ def _unit_gain_model(name: str) -> tuple[onnx.ModelProto, list[str]]:
     order = {n.output[0]: i for i, n in enumerate(model.graph.node)}
     weights.sort(key=lambda w: order[_final_consumer(model.graph, w).output[0]])
     return model, weights
+
+
+def _data_feeds(model: onnx.ModelProto, weights: set[str]) -> dict[str, np.ndarray]:
+    """Fixed inputs: images U(0, 1); integer inputs (token ids, masks) within the range the
+    model's metadata declares (`fusegraph.input_ranges`), else [0, 10)."""
+    graph = model.graph
+    inits = {i.name for i in graph.initializer}
+    ranges = json.loads(next((p.value for p in model.metadata_props if p.key == "fusegraph.input_ranges"), "{}"))
+    rng = np.random.default_rng(INPUT_SEED)
+    out = {}
+    for inp in graph.input:
+        if inp.name in inits or inp.name in weights:
+            continue
+        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        if inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            out[inp.name] = rng.random(shape, dtype=np.float32)
+        else:
+            lo, hi = ranges.get(inp.name, (0, 10))
+            dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+            out[inp.name] = rng.integers(lo, hi, shape).astype(dtype)
+    return out
 
 
 def calibrate(name: str, verbose: bool = True) -> dict[str, float]:
@@ -96,15 +117,11 @@ def calibrate(name: str, verbose: bool = True) -> dict[str, float]:
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    inits = {i.name for i in graph.initializer}
-    (data,) = [i for i in graph.input if i.name not in inits and i.name not in wset]
-    shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
-    x = np.random.default_rng(INPUT_SEED).random(shape, dtype=np.float32)
-
+    data = _data_feeds(model, wset)
     gains = {w: 1.0 for w in weights}
 
     def feeds() -> dict[str, np.ndarray]:
-        f = {data.name: x}
+        f = dict(data)
         f.update({w: base[w] * np.float32(gains[w]) for w in weights})
         return f
 

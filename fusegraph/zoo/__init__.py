@@ -57,6 +57,19 @@ _YOLO = [
     _Entry("yolov5s-bn", "YOLOv5s detector 640x640, BatchNorm unfolded (yolov5 7.0.14 export)", False),
     _Entry("yolov5s-bn-160", "YOLOv5s detector 160x160, BatchNorm unfolded (yolov5 7.0.14 export)", False),
 ]
+_EXPORTED = [  # tools/export_models.py: torch 2.13 legacy exporter, opset 17, batch 1, fp32
+    _Entry("resnet18", "ResNet-18 classifier 224x224 (torchvision 0.28.0)", False),
+    _Entry("mobilenet_v3_large", "MobileNetV3-Large classifier 224x224 (torchvision 0.28.0)", False),
+    _Entry("convnext_tiny", "ConvNeXt-Tiny classifier 224x224 (torchvision 0.28.0)", False),
+    _Entry("efficientnet_b1", "EfficientNet-B1 classifier 240x240 (timm 1.0.31)", False),
+    _Entry("yolov8s", "YOLOv8s detector 640x640, BatchNorm folded (ultralytics 8.4.190)", False),
+    _Entry("unet_small", "small U-Net 256x256, nearest upsample + concat (tools/export_models.py)", False),
+    _Entry("vit_small_patch16_224", "ViT-S/16 classifier 224x224 (timm 1.0.31)", False),
+    _Entry("deit_small_patch16_224", "DeiT-S/16 classifier 224x224 (timm 1.0.31)", False),
+    _Entry("swin_tiny_patch4_window7_224", "Swin-T classifier 224x224, window 7 (timm 1.0.31)", False),
+    _Entry("bert_base", "BERT-base encoder, sequence 128 (transformers 4.57.6)", False),
+    _Entry("gpt2_2layer", "GPT-2 decoder, 2 blocks, causal, sequence 128 (transformers 4.57.6)", False),
+]
 _LIGHT = [
     _Entry("light_bvlc_alexnet", "AlexNet (BVLC) classifier", True),
     _Entry("light_densenet121", "DenseNet-121 classifier", True),
@@ -78,13 +91,13 @@ def _light_dir() -> Path:
 def _entries() -> dict[str, _Entry]:
     # Light models count only if this onnx install ships them, so names() never lists a model
     # that load() cannot read.
-    out = {e.name: e for e in _YOLO}
+    out = {e.name: e for e in _YOLO + _EXPORTED}
     out.update({e.name: e for e in _LIGHT if (_light_dir() / f"{e.name}.onnx").is_file()})
     return out
 
 
 def names() -> list[str]:
-    """All zoo names, YOLOv5s variants first, then the light models alphabetically."""
+    """All zoo names: YOLOv5s variants, the exported CNNs and transformers, then the light models."""
     return list(_entries())
 
 
