@@ -12,6 +12,8 @@ The gains depend on the generated weights, hence on `fusegraph.zoo._weights` and
 this after changing either, and after tools/export_yolov5.py. Where they go:
   YOLOv5s graphs   a "gain" field in each conv_weight record of the file's strip metadata
   light models     fusegraph/zoo/models/light_calibration.json  {model: {tensor: gain}}
+A batch variant NAME-bN of a zoo model NAME takes NAME's gains (see `batch_variant_gains`):
+calibrate NAME first.
 
 Needs onnxruntime: run with the project's venv,
     .venv/bin/python tools/calibrate_zoo.py [NAME ...]      (default: every zoo model)
@@ -141,6 +143,26 @@ def calibrate(name: str, verbose: bool = True) -> dict[str, float]:
     return gains
 
 
+def batch_variant_gains(name: str, base: str) -> dict[str, float]:
+    """The gains of batch variant `name`, copied from its batch-1 graph `base`.
+
+    LSUV gains are statistics of one layer's output over images from one distribution, which
+    the batch does not change; calibrating the batch-32 graph itself would cost 32 times more.
+    The two exports list the same weights in the same order (the same model, traced the same
+    way), which is checked record by record (kind and shape) before the gains are copied.
+    """
+    def records(n: str) -> list[dict]:
+        model = onnx.load(str(zoo.path(n)))
+        return [r for r in json.loads(next(p.value for p in model.metadata_props if p.key == _params.STRIPPED_KEY))
+                if r["kind"].endswith("_weight")]
+
+    mine, theirs = records(name), records(base)
+    if [(r["kind"], r["dims"]) for r in mine] != [(r["kind"], r["dims"]) for r in theirs]:
+        raise RuntimeError(f"{name}: its weights do not match those of {base} one for one")
+    print(f"{name}: {len(mine)} gains copied from {base}")
+    return {a["name"]: b["gain"] for a, b in zip(mine, theirs)}
+
+
 def store(name: str, gains: dict[str, float]) -> None:
     if zoo._entry(name).light:
         path = zoo.LIGHT_CALIBRATION
@@ -167,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", help="zoo names (default: all)")
     args = ap.parse_args(argv)
     for name in args.names or zoo.names():
-        store(name, calibrate(name))
+        base = name.rsplit("-b", 1)[0]
+        if base != name and zoo.is_zoo_name(base) and not zoo._entry(name).light:
+            store(name, batch_variant_gains(name, base))
+        else:
+            store(name, calibrate(name))
     return 0
 
 

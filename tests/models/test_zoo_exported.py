@@ -14,6 +14,7 @@ from onnx import helper
 
 from fusegraph import parse_onnx, zoo
 from fusegraph.driver.inputs import input_ranges, random_inputs
+from tests.zoo_params import exported
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -32,15 +33,28 @@ EXPORTED = {
                   (1, 128, 768)),
     "gpt2_2layer": ({"input_ids": [1, 128]}, (1, 128, 768)),
 }
+B32 = ["vit_small_patch16_224-b32", "deit_small_patch16_224-b32", "swin_tiny_patch4_window7_224-b32"]
 RANGES = {"bert_base": {"input_ids": (0, 30522), "attention_mask": (0, 2), "token_type_ids": (0, 2)},
           "gpt2_2layer": {"input_ids": (0, 50257)}}
 
 
 def test_names_list_the_exported_models_after_yolov5s():
-    assert zoo.names()[4:4 + len(EXPORTED)] == list(EXPORTED)
+    assert zoo.names()[4:4 + len(EXPORTED) + len(B32)] == list(EXPORTED) + B32
 
 
-@pytest.mark.parametrize("name", EXPORTED)
+@pytest.mark.parametrize("name", B32)
+def test_batch_variants_take_the_gains_of_their_batch_1_graph(name):
+    def gains(n: str) -> list[float]:
+        model = onnx.load(str(zoo.path(n)))
+        recs = json.loads(next(p.value for p in model.metadata_props if p.key == "fusegraph.stripped_weights"))
+        return [r["gain"] for r in recs if r["kind"].endswith("_weight")]
+
+    assert gains(name) == gains(name[:-len("-b32")])
+    (inp,) = onnx.load(str(zoo.path(name))).graph.input
+    assert [d.dim_value for d in inp.type.tensor_type.shape.dim] == [32, 3, 224, 224]
+
+
+@pytest.mark.parametrize("name", list(EXPORTED) + B32)
 def test_shipped_file_is_small_stripped_and_calibrated(name):
     path = zoo.path(name)
     assert path.stat().st_size < 3_000_000
@@ -62,7 +76,7 @@ def run():
             model = zoo.load(name)
             program = parse_onnx(model)
             inputs = random_inputs(program.input_shapes, 5, input_ranges(program))
-            cache[name] = model, inputs, _ort_run(model, inputs)
+            cache[name] = model, inputs, _ort_run(model, inputs), input_ranges(program)
         return cache[name]
 
     return get
@@ -81,9 +95,9 @@ def _ort_run(model: onnx.ModelProto, inputs: dict[str, np.ndarray], extra: list[
     return out
 
 
-@pytest.mark.parametrize("name", EXPORTED)
+@pytest.mark.parametrize("name", exported())
 def test_loads_and_runs_to_sane_outputs(name, run):
-    model, inputs, outs = run(name)
+    model, inputs, outs, _ = run(name)
     onnx.checker.check_model(model)
     shapes, out_shape = EXPORTED[name]
     assert {k: list(v.shape) for k, v in inputs.items()} == shapes
@@ -100,20 +114,19 @@ def test_loads_and_runs_to_sane_outputs(name, run):
     assert np.abs(flat).max() < 1e4
 
 
-@pytest.mark.parametrize("name", RANGES)
+@pytest.mark.parametrize("name", exported(list(RANGES)))
 def test_token_inputs_lie_in_their_declared_ranges(name, run):
-    program = parse_onnx(zoo.load(name))
-    assert input_ranges(program) == RANGES[name]
-    _, inputs, _ = run(name)
+    _, inputs, _, ranges = run(name)
+    assert ranges == RANGES[name]
     for k, (lo, hi) in RANGES[name].items():
         assert inputs[k].dtype == np.int64 and lo <= inputs[k].min() and inputs[k].max() < hi
         assert np.unique(inputs[k]).size > 1
 
 
-@pytest.mark.parametrize("name", ["vit_small_patch16_224", "bert_base", "gpt2_2layer"])
+@pytest.mark.parametrize("name", exported(["gpt2_2layer", "vit_small_patch16_224", "bert_base"]))
 def test_attention_is_not_degenerate(name, run):
     """Softmax rows neither one-hot (scores too large) nor uniform (scores too small)."""
-    model, inputs, _ = run(name)
+    model, inputs, _, _ = run(name)
     softmaxes = [n.output[0] for n in model.graph.node if n.op_type == "Softmax"]
     outs = _ort_run(model, inputs, softmaxes)
     for s in softmaxes:
@@ -130,7 +143,7 @@ def _digest(model: onnx.ModelProto) -> str:
     return h.hexdigest()
 
 
-@pytest.mark.parametrize("name", ["resnet18", "gpt2_2layer"])
+@pytest.mark.parametrize("name", ["resnet18", "unet_small"])
 def test_load_is_deterministic(name, run):
-    first, _, _ = run(name)
+    first, _, _, _ = run(name)
     assert _digest(first) == _digest(zoo.load(name))
