@@ -157,7 +157,7 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs
 
     from fusegraph.driver.saved_files import input_shapes, is_saved_file, runnable
 
@@ -166,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         program, target = _load(args), "ref"
         _fuse(program, args)
-    inputs = load_inputs(args.input, input_shapes(program, args), args.seed)
+    inputs = load_inputs(args.input, input_shapes(program, args), args.seed, input_ranges(program))
     start = time.perf_counter()
     outputs = api.run(program, inputs, target=target)
     elapsed = time.perf_counter() - start
@@ -207,11 +207,11 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
 def _verify_gpu(args: argparse.Namespace) -> int:
     """The gpu target against the (unfused, fp32) reference target on the same inputs."""
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs
 
     program = _load(args)
     compiled = api.compile(program, "gpu", **_gpu_options(args))
-    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    inputs = load_inputs(args.input, program.input_shapes, args.seed, input_ranges(program))
     want = api.run(program, inputs, target="ref")
     compiled.poison()
     got = api.run(compiled, inputs)
@@ -245,7 +245,7 @@ def _report(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray], toler
 
 def cmd_perf(args: argparse.Namespace) -> int:
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs
     from fusegraph.driver.perf import chrome_trace, perf_report
     from fusegraph.targets.gpu.availability import require_gpu_device
 
@@ -260,7 +260,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
         require_gpu_device("perf")
         program = _load(args)
         compiled = api.compile(program, "gpu", **_gpu_options(args))
-        api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
+        api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed, input_ranges(program)))
     print(perf_report(compiled, args.iterations, args.configs))
     if args.trace:
         with open(args.trace, "w") as f:
@@ -271,8 +271,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
-    from fusegraph.driver.inputs import parse_input_dims
+    from fusegraph.driver.inputs import input_ranges, load_inputs, parse_input_dims
     from fusegraph.driver.verify import run_onnxruntime
     from fusegraph.onnx.loader import load_model
 
@@ -299,7 +298,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.fused:
         _fuse(program, args)
         label += ", fused"
-    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    inputs = load_inputs(args.input, program.input_shapes, args.seed, input_ranges(program))
     ours = api.run(program, inputs, target="ref")
     theirs = run_onnxruntime(model.SerializeToString(), inputs)
     print(f"fusegraph ({label}) vs ONNX Runtime (CPU), seed {args.seed}:")
@@ -310,7 +309,7 @@ def _verify_saved(args: argparse.Namespace) -> int:
     """A .fgx file has no ONNX model to hand ONNX Runtime: what it compiles to (a saved Program:
     compiled for --target) is checked against its own program, unfused and fp32, on the ref target."""
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs
     from fusegraph.driver.saved_files import load_saved
     from fusegraph.dynamic_batch import DynamicBatchProgram
 
@@ -336,7 +335,7 @@ def _verify_saved(args: argparse.Namespace) -> int:
     tolerance = args.tolerance if args.tolerance is not None else (
         1e-5 if options["target"] == "ref" and fp32 else 1e-4 if fp32 and not options["allow_tf32"] else
         1e-3 if fp32 else 1e-2)
-    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    inputs = load_inputs(args.input, program.input_shapes, args.seed, input_ranges(program))
     got = api.run(compiled, {k: v.astype(compiled.input_shapes[k].dtype.numpy) for k, v in inputs.items()})
     want = api.run(program, inputs, target="ref")
     mode = "fp32" if fp32 else "fp16" if options["fp16"] else "bf16"

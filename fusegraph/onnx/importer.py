@@ -94,6 +94,9 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     module.set_returns(returns, [o.name for o in graph.output])
     module.remove_dead_code()
     program.meta.update(opset=opset, producer=f"{model.producer_name} {model.producer_version}".strip())
+    ranges = next((p.value for p in model.metadata_props if p.key == "fusegraph.input_ranges"), None)
+    if ranges:  # the integer inputs' value ranges (see driver/inputs.input_ranges)
+        program.meta["input_ranges"] = ranges
     return program
 
 
