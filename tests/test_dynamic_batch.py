@@ -161,8 +161,10 @@ def test_a_dynamic_batch_saves_its_weights_once_and_loads_back(tmp_path) -> None
         fusegraph.save(dynamic.programs[1], tmp_path / f"{target}-1.fgx")
         with safe_open(str(tmp_path / f"{target}.fgx"), framework="np") as all_sizes, \
                 safe_open(str(tmp_path / f"{target}-1.fgx"), framework="np") as one_size:
-            shapes = [all_sizes.get_slice(k).get_shape() for k in all_sizes.keys()]
-            assert set(one_size.keys()) <= set(all_sizes.keys()) and shapes.count([4, 3, 3, 3]) == 1  # w, once
+            # weights ("t" + content digest) only: a gpu program tuned alone also stores kernel binaries ("b...")
+            weights = {k for k in all_sizes.keys() if k.startswith("t")}
+            shapes = [all_sizes.get_slice(k).get_shape() for k in weights]
+            assert {k for k in one_size.keys() if k.startswith("t")} <= weights and shapes.count([4, 3, 3, 3]) == 1  # w, once
         loaded = fusegraph.load(tmp_path / f"{target}.fgx")
         assert isinstance(loaded, DynamicBatchProgram) and loaded.sizes == (1, 2, 4) and loaded.target == target
         x = {"x": np.random.default_rng().standard_normal((3, 3, 8, 8), dtype=np.float32),
