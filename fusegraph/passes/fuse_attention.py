@@ -1,0 +1,226 @@
+"""Attention found in plain ops: `dot(q, kᵀ)`, scalar scales, a mask, softmax, `dot(·, v)`
+become one `attention` anchor.
+
+Exporters write attention as the ops it is made of: a product of Q and Kᵀ, a multiplication
+or division by a constant (on Q, on K, on the scores, or on two of them), an optional additive
+mask (a padding mask broadcast over heads, a causal triangle, or a `where` against a large
+negative fill), a softmax over the keys and a product with V. Split into kernels, the scores
+make a round trip through memory and each scale is a kernel of its own. Here the scales fold
+into the anchor's `scale`, a constant causal triangle into `causal`, and Q, K and V are read
+through whatever views lie between them and their producers (the head split of the QKV
+projection), so fusion gives one kernel with the head merge as its epilogue.
+
+Runs before anchor fusion, after canonicalization has folded constant masks to literals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.anchors import Dot
+from fusegraph.ops.attention import Attention, causal_keep
+from fusegraph.ops.base import OpKind, make_op
+from fusegraph.ops.source import make_literal
+from fusegraph.ops.views import MultiBroadcast, Transpose
+from fusegraph.passes.literal_values import broadcast_literal
+from fusegraph.passes.rewrite import rewrite_each
+
+# A fill at or below this is "minus infinity" to a softmax: exp(-1e4 + any score seen in
+# practice) is 0 in float32, so a large negative fill drops scores as -inf would.
+LARGE_NEGATIVE = -1e4
+
+
+@dataclass
+class _Mask:
+    """What the scores add before the softmax: an additive tensor, or `where(cond, s, fill)`
+    (keeping the scores where `cond == keep`)."""
+
+    additive: Instruction | None = None
+    cond: Instruction | None = None
+    fill: float = 0.0
+    keep: bool = True
+
+
+@dataclass
+class _Scores:
+    """The scores feeding a softmax: the product, the folded scale, the mask, and the
+    instructions between the product and the softmax (each read only by the next)."""
+
+    dot: Instruction
+    scale: float = 1.0
+    mask: _Mask | None = None
+    members: list[Instruction] = field(default_factory=list)
+
+
+def uniform_value(ins: Instruction) -> float | None:
+    """The one value of a constant whose elements are all equal (a scale seen through its
+    broadcast); None for anything else."""
+    v = broadcast_literal(ins)
+    if v is None or v.size == 0 or v.dtype.kind not in "fiu":
+        return None
+    first = v.reshape(-1)[0]
+    return float(first) if bool((v == first).all()) else None
+
+
+def _scalar_factor(x: Instruction) -> tuple[Instruction, float] | None:
+    """`(y, c)` when `x` is `y * c`, `c * y` or `y / c` for a constant scalar c."""
+    if x.op.name == "mul":
+        for i in (0, 1):
+            c = uniform_value(x.inputs[1 - i])
+            if c is not None:
+                return x.inputs[i], c
+    if x.op.name == "div":
+        c = uniform_value(x.inputs[1])
+        if c:
+            return x.inputs[0], 1.0 / c
+    return None
+
+
+def _mask_steps(x: Instruction) -> list[tuple[Instruction, _Mask]]:
+    """The ways `x` can be (scores, mask): an add of either operand, or a `where` with a
+    large negative constant on one side."""
+    if x.op.name == "add":
+        return [(x.inputs[i], _Mask(additive=x.inputs[1 - i])) for i in (0, 1)]
+    if x.op.name == "where":
+        cond, a, b = x.inputs
+        out = []
+        for inner, other, keep in ((a, b, True), (b, a, False)):
+            fill = uniform_value(other)
+            if fill is not None and fill <= LARGE_NEGATIVE:
+                out.append((inner, _Mask(cond=cond, fill=fill, keep=keep)))
+        return out
+    return []
+
+
+def find_scores(x: Instruction, users: dict[Instruction, list[Instruction]], returned: set[int],
+                allow_mask: bool = True) -> _Scores | None:
+    """The scores behind softmax input `x`: a `Dot` under scalar scales and at most one mask,
+    the mask nearest the softmax (a scale after the mask would scale the mask too)."""
+    if isinstance(x.op, Dot):
+        return _Scores(x) if len(users[x]) == 1 and id(x) not in returned else None
+    if len(users[x]) != 1 or id(x) in returned:
+        return None
+    step = _scalar_factor(x)
+    if step is not None:
+        got = find_scores(step[0], users, returned, allow_mask=False)
+        if got is not None:
+            got.scale *= step[1]
+            got.members.append(x)
+            return got
+    for inner, mask in _mask_steps(x) if allow_mask else []:
+        got = find_scores(inner, users, returned, allow_mask=False)
+        if got is not None:
+            got.mask = mask
+            got.members.append(x)
+            return got
+    return None
+
+
+def unscaled(module: Module, x: Instruction, before: Instruction) -> tuple[Instruction, float]:
+    """`x` as `y' * c`: the scalar factors of a product operand taken out from under the views
+    between them and the product (`transpose(k * c)` -> `transpose(k)` and c). The views are
+    built again on the unscaled value, before `before`; the scaled value stays for any other
+    reader."""
+    views = []
+    cur = x
+    while cur.op.kind == OpKind.VIEW and cur.inputs:
+        views.append(cur)
+        cur = cur.inputs[0]
+    step = _scalar_factor(cur)
+    if step is None:
+        return x, 1.0
+    inner, factor = step
+    for view in reversed(views):
+        inner = module.insert_before(before, module.make(view.op, [inner, *view.inputs[1:]], view.origin))
+    rest, more = unscaled(module, inner, before)
+    return rest, factor * more
+
+
+def constant_mask_kind(value: np.ndarray, sq: int, sk: int) -> str | None:
+    """`zero` when an additive mask's constant value adds nothing, `causal` when it is the
+    causal triangle (0 where `causal_keep`, large negative above) for every batch entry and
+    head; None otherwise."""
+    if value.ndim < 2 or value.shape[-2] not in (1, sq) or value.shape[-1] not in (1, sk):
+        return None
+    rows = value.reshape(-1, *value.shape[-2:]).astype(np.float64)
+    if not bool((rows == rows[:1]).all()):
+        return None
+    plane = np.broadcast_to(rows[0], (sq, sk))
+    if bool((plane == 0).all()):
+        return "zero"
+    keep = causal_keep(sq, sk)
+    if bool((plane[keep] == 0).all()) and bool((plane[~keep] <= LARGE_NEGATIVE).all()):
+        return "causal"
+    return None
+
+
+def _broadcast(module: Module, value: Instruction, lens: tuple[int, ...], before: Instruction) -> Instruction:
+    module.insert_before(before, value)
+    return module.insert_before(before, module.make(MultiBroadcast(lens), [value]))
+
+
+def mask_input(module: Module, mask: _Mask | None, scores: Instruction, before: Instruction) -> tuple[Instruction | None, bool]:
+    """The attention's additive mask input (None for none) and whether it is causal. A constant
+    mask that adds nothing or draws the causal triangle is dropped (the kernel then reads no
+    mask and, when causal, skips the key tiles past the diagonal); a `where` becomes the
+    additive mask `where(cond, 0, fill)`, a literal when the condition is constant."""
+    if mask is None:
+        return None, False
+    lens, dtype = scores.shape.lens, scores.shape.dtype.numpy
+    sq, sk = lens[-2:]
+    if mask.additive is not None:
+        value = broadcast_literal(mask.additive)
+        kind = constant_mask_kind(value, sq, sk) if value is not None else None
+        return (None, kind == "causal") if kind else (mask.additive, False)
+    assert mask.cond is not None
+    cond = broadcast_literal(mask.cond)
+    if cond is not None:
+        add = np.where(cond.astype(bool) == mask.keep, 0.0, mask.fill).astype(dtype)
+        kind = constant_mask_kind(add, sq, sk)
+        if kind:
+            return None, kind == "causal"
+        return _broadcast(module, make_literal(add, origin=mask.cond.origin), lens, before), False
+    zero = _broadcast(module, make_literal(np.array(0, dtype)), lens, before)
+    fill = _broadcast(module, make_literal(np.array(mask.fill, dtype)), lens, before)
+    sides = [zero, fill] if mask.keep else [fill, zero]
+    where = module.make(make_op("where"), [mask.cond, *sides], mask.cond.origin)
+    return module.insert_before(before, where), False
+
+
+class FuseAttention:
+    """Each `softmax(scale · dot(q, kᵀ) + mask)` read only by `dot(·, v)` becomes one
+    `attention` instruction; the scores and the softmax are left to dead-code removal."""
+
+    name = "fuse_attention"
+
+    def apply(self, module: Module) -> bool:
+        return rewrite_each(module, lambda ins: self.rewrite(module, ins), drop_dead=True)
+
+    def rewrite(self, module: Module, sm: Instruction) -> bool:
+        op = sm.op
+        if op.algorithm != "softmax" or op.attrs.get("log") or op.attrs.get("axis") != sm.shape.ndim - 1:
+            return False
+        users = module.users()
+        returned = {id(r) for r in module.returns}
+        readers = users.get(sm, [])
+        if len(readers) != 1 or id(sm) in returned or not isinstance(readers[0].op, Dot):
+            return False
+        pv = readers[0]
+        if pv.inputs[0] is not sm or pv.inputs[1] is sm:
+            return False
+        scores = find_scores(sm.inputs[0], users, returned)
+        if scores is None:
+            return False
+        q, q_scale = unscaled(module, scores.dot.inputs[0], pv)
+        kt, k_scale = unscaled(module, scores.dot.inputs[1], pv)
+        r = kt.shape.ndim
+        k = module.insert_before(pv, module.make(Transpose([*range(r - 2), r - 1, r - 2]), [kt], kt.origin))
+        mask, causal = mask_input(module, scores.mask, scores.dot, pv)
+        scale = scores.scale * q_scale * k_scale
+        inputs = [q, k, pv.inputs[1]] + ([mask] if mask is not None else [])
+        att = module.make(Attention(scale, causal), inputs, sm.origin or pv.origin)
+        module.replace(pv, att)
+        return True
