@@ -26,7 +26,10 @@ def causal_keep(sq: int, sk: int) -> np.ndarray:
 class Attention(Op):
     """q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] and an optional additive mask
     [..., Sq, Sk] (batch dims equal: the importer and the pass broadcast explicitly) ->
-    [..., Sq, Dv]. `causal` drops the scores above the diagonal `causal_keep` draws."""
+    [..., Sq, Dv]. `causal` drops the scores above the diagonal `causal_keep` draws.
+
+    A query row whose every score is -inf gives zeros (ONNX's `Attention` and the runtimes
+    agree on that), where a softmax written out in ops gives NaN."""
 
     name = "attention"
     kind = OpKind.ANCHOR
@@ -65,6 +68,6 @@ class Attention(Op):
         m = np.max(s, axis=-1, keepdims=True)
         m = np.where(np.isfinite(m), m, 0.0)
         e = np.exp(s - m)
-        with np.errstate(invalid="ignore"):
-            p = e / np.sum(e, axis=-1, keepdims=True)
+        total = np.sum(e, axis=-1, keepdims=True)
+        p = e / np.where(total == 0, 1.0, total)
         return np.matmul(p, v).astype(args[0].dtype)

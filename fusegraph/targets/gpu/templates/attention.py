@@ -108,10 +108,12 @@ class AttentionEmitter:
         w.emit(f"acc = tl.zeros([BM, {self.be}], dtype={self.acc_t})")
         hi = str(self.sk)
         if causal:  # the keys the block's last row sees: j <= i + (sk - sq)
-            hi = w.let(f"tl.minimum((pid_m + 1) * BM + {self.sk - self.sq}, {self.sk})", "hi")
+            w.emit(f"hi = tl.minimum((pid_m + 1) * BM + {self.sk - self.sq}, {self.sk})")
+            hi = "hi"
         with w.block(f"for n0 in range(0, {hi}, BN):"):
             self._key_tile(q, causal, scale)
-        self.out = w.let("acc / l_i[:, None]", "o")  # 0 / 0 where a row sees no key, as the reference
+        w.emit("l_i = tl.where(l_i == 0.0, 1.0, l_i)")  # a row that sees no key: zeros, as the reference
+        self.out = w.let("acc / l_i[:, None]", "o")
         (ret,) = self.module.returns
         w.store(ret, self.tile({"rm": "[:, None]", "re": "[None, :]"}), self.out_index)
 

@@ -1,0 +1,131 @@
+"""The attention template under Triton's interpreter (or on a GPU if present): ONNX
+`Attention` nodes and attention written in plain ops, compiled for the gpu target with every
+buffer poisoned with NaN, against the NumPy reference target on fresh random inputs.
+
+Shapes are small (sequences of 17 to 64, heads of 16 to 32) so the interpreter stays fast;
+they still cover masked tails of query and key tiles, padded head sizes, additive and boolean
+masks, causal masking with and without cached keys, and fp32 and fp16."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from fusegraph import api, parse_onnx
+from tests.attention_models import bert_attention, causal_attention, vit_block
+from tests.helpers import make_model, rel_err
+
+FP32_TOL = 2e-5
+FP16_TOL = 3e-3  # probabilities rounded to fp16 for the product with V, as flash attention does
+
+
+def attention_model(b: int, h: int, sq: int, sk: int, d: int, mask: str | None = None, causal: bool = False,
+                    past: int = 0, dtype: int = TensorProto.FLOAT):
+    """One ONNX `Attention` node on [B, H, S, D] inputs; `mask` "float" or "bool" adds a
+    [B, 1, Sq, Sk] mask input, `past` cached keys and values in front of the `sk` new ones."""
+    shapes = {"q": [b, h, sq, d], "k": [b, h, sk, d], "v": [b, h, sk, d]}
+    names = ["q", "k", "v", ""]
+    if mask:
+        shapes["m"] = [b, 1, sq, sk + past]
+        names[3] = "m"
+    if past:
+        shapes.update(pk=[b, h, past, d], pv=[b, h, past, d])
+        names += ["pk", "pv"]
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("Attention", names, ["y"], is_causal=int(causal))
+    model = make_model([node], shapes, ["y"], opset=23, dtype=dtype)
+    if mask == "bool":
+        model.graph.input[3].type.tensor_type.elem_type = TensorProto.BOOL
+    return model
+
+
+def random_inputs(program, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in program.input_shapes.items():
+        if shape.dtype.is_float:
+            out[name] = rng.standard_normal(shape.lens).astype(shape.dtype.numpy)
+        else:  # a boolean mask keeping about 3 keys in 4, and always the first
+            keep = rng.random(shape.lens) < 0.75
+            keep[..., 0] = True
+            out[name] = keep
+    return out
+
+
+def check(model, tolerance: float, seed: int = 5, configs: bool = False):
+    program = parse_onnx(model)
+    compiled = api.compile(program, "gpu", tune=False)
+    kernel = next(k for k in compiled.kernels if k.src.template == "attention")
+    for config in kernel.src.configs if configs else [kernel.config]:
+        kernel.config = config
+        inputs = random_inputs(program, seed)
+        want = api.run(program, inputs)
+        compiled.poison()
+        got = compiled.run(inputs)
+        for name in want:
+            g = np.asarray(got[name])
+            assert not np.isnan(g).any(), f"{name}: {np.isnan(g).sum()} elements left unwritten (NaN), {config}"
+            assert rel_err(g, want[name]) <= tolerance, f"{name}: {rel_err(g, want[name])}, {config}"
+    return compiled
+
+
+@pytest.mark.parametrize("b,h,sq,sk,d,mask,causal", [
+    (1, 2, 17, 17, 16, None, False),
+    (2, 2, 33, 33, 32, "float", False),
+    (1, 2, 64, 64, 32, None, True),
+    (1, 2, 19, 19, 24, "bool", False),  # a head of 24 padded to 32
+    (2, 1, 20, 45, 16, None, False),  # cross attention, key tail inside a tile
+])
+def test_attention_fp32(b, h, sq, sk, d, mask, causal):
+    compiled = check(attention_model(b, h, sq, sk, d, mask, causal), FP32_TOL)
+    # a boolean mask becomes 0 / -inf in a kernel of its own, read by the attention kernel
+    assert [k.src.template for k in compiled.kernels] == ["flat"] * (mask == "bool") + ["attention"]
+
+
+@pytest.mark.parametrize("b,h,sq,sk,d,mask,causal", [
+    (2, 3, 40, 40, 32, "bool", False),
+    (1, 2, 50, 50, 16, None, True),
+    (1, 2, 17, 17, 32, "float", True),
+])
+def test_attention_fp16(b, h, sq, sk, d, mask, causal):
+    check(attention_model(b, h, sq, sk, d, mask, causal, dtype=TensorProto.FLOAT16), FP16_TOL)
+
+
+def test_causal_with_cached_keys_skips_tiles_past_the_diagonal():
+    """20 new queries after 25 cached keys: query i sees keys j <= i + 25; every config."""
+    compiled = check(attention_model(1, 2, 20, 20, 16, causal=True, past=25), FP32_TOL, configs=True)
+    (k,) = [k for k in compiled.kernels if k.src.template == "attention"]
+    assert "for n0 in range(0, hi, BN):" in k.src.body and len(k.src.configs) > 1
+
+
+def test_every_config_with_a_mask():
+    check(attention_model(2, 2, 37, 37, 32, "float"), FP32_TOL, configs=True)
+
+
+def test_fully_masked_row_gives_zeros():
+    model = attention_model(1, 1, 17, 17, 16, "bool")
+    program = parse_onnx(model)
+    compiled = api.compile(program, "gpu", tune=False)
+    inputs = random_inputs(program, 3)
+    inputs["m"][0, 0, 4] = False
+    compiled.poison()
+    got = compiled.run(inputs)["y"]
+    assert (got[0, 0, 4] == 0).all()
+    assert rel_err(got, api.run(program, inputs)["y"]) <= FP32_TOL
+
+
+@pytest.mark.parametrize("model,tolerance", [
+    (vit_block(s=17, scale_on="qk"), FP32_TOL),
+    (bert_attention(s=19, mask="none"), FP32_TOL),
+    (causal_attention(s=18, form="where"), FP32_TOL),
+    (vit_block(s=20, scale_on="q", dtype=TensorProto.FLOAT16), FP16_TOL),
+], ids=["vit", "bert", "gpt2-causal", "vit-fp16"])
+def test_block_in_plain_ops_has_one_attention_kernel(model, tolerance):
+    """A ViT block exported as ops (QKV GEMM, head split, scales, softmax, products, head merge,
+    projection): three kernels, the middle one attention reading the QKV GEMM's head layout."""
+    compiled = check(model, tolerance)
+    assert [k.src.template for k in compiled.kernels].count("attention") == 1
+    if "w_qkv" in [i.name for i in model.graph.initializer]:
+        assert [k.src.template for k in compiled.kernels] == ["gemm", "attention", "gemm"]
