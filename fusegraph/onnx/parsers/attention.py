@@ -20,6 +20,7 @@ from fusegraph.ops.base import make_op
 from fusegraph.ops.movement import Concat
 from fusegraph.onnx.context import ImportContext, onnx_op
 from fusegraph.onnx.parsers.elementwise import binary
+from fusegraph.onnx.parsers.nn import matmul
 
 
 def split_heads(ctx: ImportContext, x: Instruction, heads: int, what: str) -> Instruction:
@@ -111,3 +112,74 @@ def parse_attention(ctx: ImportContext, ins: list[Instruction | None]) -> list[I
     offset = past if ctx.attr("is_causal", 0) else None
     y = attend(ctx, q4, k4, v4, mask, ctx.attr("scale"), offset)
     return [merge_heads(ctx, y) if packed else y, k4, v4]
+
+
+def _padding_mask(ctx: ImportContext, mask: Instruction, b: int, total: int, fill: float, dtype: DType) -> Instruction:
+    """ONNX Runtime's key_padding_mask / mask_index of [B, total] ones and zeros as an additive
+    [B, 1, 1, total] mask: 0 where it is non-zero, `fill` (mask_filter_value) elsewhere."""
+    if mask.shape.lens != (b, total):
+        raise ctx.error(f"key padding mask {list(mask.shape.lens)} is not supported (only [batch, total_sequence] = "
+                        f"{[b, total]})")
+    zero = ctx.literal(np.array(0, mask.shape.dtype.numpy))
+    keep = ctx.add(make_op("not"), [binary(ctx, "equal", mask, zero)])
+    kept = ctx.add(make_op("where"), ctx.broadcast(keep, ctx.literal(np.array(0, dtype.numpy)),
+                                                   ctx.literal(np.array(fill, dtype.numpy))))
+    return ctx.add(v.Reshape([b, 1, 1, total]), [kept])
+
+
+def runtime_attention(ctx: ImportContext, q: Instruction, k: Instruction, v_: Instruction,
+                      ins: dict[str, Instruction | None]) -> list[Instruction]:
+    """The part ONNX Runtime's `MultiHeadAttention` and `Attention` share: [B, S, hidden]
+    projections split into `num_heads`, cached keys in front, a padding mask and an attention
+    bias added, `unidirectional` as causal masking; the output merged to [B, S, heads * Dv]."""
+    heads = int(ctx.attr("num_heads", 0))
+    fill = float(ctx.attr("mask_filter_value", -10000.0))
+    q4, k4, v4 = (split_heads(ctx, x, heads, what) for x, what in ((q, "query"), (k, "key"), (v_, "value")))
+    k4, v4 = _past(ctx, ins.get("past_key"), k4), _past(ctx, ins.get("past_value"), v4)
+    b, _, sq, _ = q4.shape.lens
+    total = k4.shape.lens[2]
+    mask = ins.get("attention_bias")
+    padding = ins.get("padding")
+    if padding is not None:
+        pm = _padding_mask(ctx, padding, b, total, fill, q4.shape.dtype)
+        mask = pm if mask is None else binary(ctx, "add", mask, pm)
+    offset = total - sq if ctx.attr("unidirectional", 0) else None
+    y = attend(ctx, q4, k4, v4, mask, ctx.attr("scale") or None, offset)
+    return [merge_heads(ctx, y), k4, v4]
+
+
+@onnx_op("com.microsoft.MultiHeadAttention")
+def parse_ms_multi_head_attention(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
+    names = ["query", "key", "value", "bias", "padding", "attention_bias", "past_key", "past_value"]
+    if len(ins) > len(names):
+        raise ctx.error("past_sequence_length and cache_indirection are not supported")
+    got = dict(zip(names, list(ins) + [None] * len(names)))
+    q, k, v_ = got["query"], got["key"], got["value"]
+    if q is None or k is None or v_ is None or q.shape.ndim != 3:
+        raise ctx.error("only separate query [B, S, hidden], key and value inputs are supported (not packed QKV or KV)")
+    bias = got["bias"]
+    if bias is not None:
+        hq, hk = q.shape.lens[2], k.shape.lens[-1] * (1 if k.shape.ndim == 3 else k.shape.lens[1])
+        if k.shape.ndim != 3 or v_.shape.ndim != 3:
+            raise ctx.error("a bias with key and value in [B, heads, S, D] layout is not supported")
+        q, k, v_ = (binary(ctx, "add", x, ctx.add(v.Slice([0], [lo], [hi]), [bias]))
+                    for x, lo, hi in ((q, 0, hq), (k, hq, hq + hk), (v_, hq + hk, bias.shape.lens[0])))
+    return runtime_attention(ctx, q, k, v_, got)
+
+
+@onnx_op("com.microsoft.Attention")
+def parse_ms_attention(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
+    """ONNX Runtime's fused self-attention: the QKV projection (input x weights + bias) is
+    written out as a matrix product, then the attention as for `MultiHeadAttention`."""
+    x, w, bias, mask, past, attention_bias = (list(ins) + [None] * 6)[:6]
+    assert x is not None and w is not None
+    if past is not None or ctx.attr("do_rotary", 0) or ctx.attr("past_present_share_buffer", 0):
+        raise ctx.error("past, do_rotary and past_present_share_buffer are not supported")
+    hidden = w.shape.lens[1] // 3
+    sizes = list(ctx.attr("qkv_hidden_sizes", [hidden, hidden, hidden]))
+    qkv = matmul(ctx, x, w)
+    if bias is not None:
+        qkv = binary(ctx, "add", qkv, bias)
+    starts = [0, sizes[0], sizes[0] + sizes[1]]
+    q, k, v_ = (ctx.add(v.Slice([2], [s], [s + n]), [qkv]) for s, n in zip(starts, sizes))
+    return runtime_attention(ctx, q, k, v_, {"padding": mask, "attention_bias": attention_bias})[:1]
