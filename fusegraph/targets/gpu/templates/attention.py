@@ -131,10 +131,11 @@ class AttentionEmitter:
             mask = w.value(self.mask, self.tile({"rm": "[:, None]", "rn": "[None, :]"}), self.mask_index)
             w.emit(f"s = {self.dot(q, kt)} * {scale!r} + {mask}")
             unit = f" * {LOG2E!r}"
-        keep = f"(rn[None, :] < {self.sk})"
-        if causal:
-            keep += f" & (rn[None, :] <= rm[:, None] + {self.sk - self.sq})"
-        w.emit(f's = tl.where({keep}, s, float("-inf"))')
+        if causal:  # keeps every stored row's keys below sk too
+            w.emit(f's = tl.where(rn[None, :] <= rm[:, None] + {self.sk - self.sq}, s, float("-inf"))')
+        elif self.sk % 128:  # a key tail inside the last tile: a constexpr test, free where BN divides sk
+            with w.block(f"if {self.sk} % BN != 0:"):
+                w.emit(f's = tl.where(rn[None, :] < {self.sk}, s, float("-inf"))')
         w.emit("m_new = tl.maximum(m_i, tl.max(s, 1))")
         w.emit('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)')  # a row with no key seen yet
         w.emit(f"alpha = tl.exp2((m_i - m_use){unit})")
