@@ -9,8 +9,8 @@ template, its spelling there):
   anchors (convolution, dot, pooling) take a prologue and an epilogue, reductions fuse with a
   recomputed pointwise prologue, data movement runs on its own; `MEMORY` ops (load, store,
   allocate) exist only inside fused groups.
-* `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`);
-  empty for ops no template lowers by themselves.
+* `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`,
+  `attention`); empty for ops no template lowers by themselves.
 * `short_name`: how fused kernel names spell it (`conv` for convolution).
 * views: `input_map` (output index -> the input index it reads), `bijective`, `keeps_order`,
   `broadcasts`, `axis_permutation` (transpose), `ranges` (a unit-step slice).

@@ -129,3 +129,37 @@ def test_block_in_plain_ops_has_one_attention_kernel(model, tolerance):
     assert [k.src.template for k in compiled.kernels].count("attention") == 1
     if "w_qkv" in [i.name for i in model.graph.initializer]:
         assert [k.src.template for k in compiled.kernels] == ["gemm", "attention", "gemm"]
+
+
+def _attention_jobs(models) -> list:
+    from fusegraph.ir.dtypes import DType
+    from fusegraph.ops.base import is_fused
+    from fusegraph.passes.pipeline import fuse
+    from fusegraph.passes.to_half import ToHalf
+    from fusegraph.targets.gpu.ahead_of_time import arg_dtypes
+    from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
+
+    jobs = []
+    for model in models:
+        program = parse_onnx(model)
+        ToHalf(DType.float16).apply(program.main)
+        fuse(program)
+        plan = plan_program(program.main)
+        for pos, ins in enumerate(i for i in program.main if is_fused(i)):
+            src = generate(ins, pos, kernel_inputs(ins, plan))
+            if src.template == "attention":
+                jobs.append((src, arg_dtypes(ins, src)))
+    return jobs
+
+
+@pytest.mark.slow
+def test_attention_kernels_compile_for_sm90():
+    """An fp16 kernel at head size 64 with a mask and causal (the dynamic key loop) builds for
+    the H200 without a GPU (its default config) and fits its shared memory."""
+    from fusegraph.targets.gpu.ahead_of_time import compile_many
+    from fusegraph.targets.gpu.device import H200
+
+    jobs = _attention_jobs([attention_model(2, 6, 197, 197, 64, "float", causal=True)])
+    assert len(jobs) == 1
+    for (src, _), r in zip(jobs, compile_many(jobs, workers=1)):
+        assert r.cubin_bytes > 0 and r.shared_bytes <= H200.shared_bytes_per_block, src.name
