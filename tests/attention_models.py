@@ -129,3 +129,41 @@ def _typed(model: onnx.ModelProto, dtype: int) -> onnx.ModelProto:
         if a.dtype == np.float32:
             g.initializer[k].CopyFrom(numpy_helper.from_array(a.astype(np.float16), t.name))
     return model
+
+
+def window_attention(windows: int = 4, n: int = 16, h: int = 2, d: int = 16, batch: int = 1,
+                     dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """Swin's shifted-window attention on [B * nW, N, C] windows: q scaled, a relative position
+    bias [H, N, N] added, the scores regrouped to [B, nW, H, N, N] to add the shift mask
+    [nW, 1, N, N] (0 / -100), then back to [B * nW, H, N, N] for the softmax."""
+    c, bw = h * d, batch * windows
+    rng = np.random.default_rng(7)
+    shift = np.where(rng.random((windows, 1, n, n)) < 0.3, -100.0, 0.0).astype(np.float32)
+    shift[..., 0] = 0.0
+    inits = {"w_qkv": rand(c, 3 * c, seed=1, scale=c ** -0.5), "split": np.array([bw, n, 3, h, d], I64),
+             "i0": np.array(0, I64), "i1": np.array(1, I64), "i2": np.array(2, I64),
+             "sc": np.array(d ** -0.5, np.float32), "rel": rand(h, n, n, seed=3), "shift": shift,
+             "groups": np.array([batch, windows, h, n, n], I64), "flat": np.array([bw, h, n, n], I64),
+             "merge": np.array([bw, n, c], I64), "w_proj": rand(c, c, seed=9, scale=c ** -0.5)}
+    nodes = [helper.make_node("MatMul", ["x", "w_qkv"], ["qkv"]), helper.make_node("Reshape", ["qkv", "split"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4])]
+    nodes += [helper.make_node("Gather", ["t", f"i{j}"], [nm], axis=0) for j, nm in enumerate("qkv")]
+    nodes += [helper.make_node("Mul", ["q", "sc"], ["qs"]), helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["qs", "kt"], ["a0"]), helper.make_node("Add", ["a0", "rel"], ["a1"]),
+              helper.make_node("Reshape", ["a1", "groups"], ["a2"]), helper.make_node("Add", ["a2", "shift"], ["a3"]),
+              helper.make_node("Reshape", ["a3", "flat"], ["a4"]), helper.make_node("Softmax", ["a4"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["o"]), helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merge"], ["om"]), helper.make_node("MatMul", ["om", "w_proj"], ["y"])]
+    return _typed(make_model(nodes, {"x": [bw, n, c]}, ["y"], inits), dtype)
+
+
+def float32_softmax_attention(b: int = 2, s: int = 17, h: int = 2, d: int = 16) -> onnx.ModelProto:
+    """A float16 model whose softmax runs in float32 (Hugging Face's `softmax(..., dtype=float32)`):
+    the scores cast up, the probabilities cast back down before the product with V."""
+    model = vit_block(b, s, h, d, scale_on="q", dtype=TensorProto.FLOAT16)
+    g = model.graph
+    k = next(i for i, nd in enumerate(g.node) if nd.op_type == "Softmax")
+    g.node[k].input[0], g.node[k].output[0] = "sc32", "p32"
+    g.node.insert(k, helper.make_node("Cast", ["sc0"], ["sc32"], to=TensorProto.FLOAT))
+    g.node.insert(k + 2, helper.make_node("Cast", ["p32"], ["p"], to=TensorProto.FLOAT16))
+    return model

@@ -34,6 +34,7 @@ class Attention(Op):
     name = "attention"
     kind = OpKind.ANCHOR
     family = "attention"
+    recomputed_inputs = (3,)  # the mask is read once per score: its pointwise producers run in the kernel
 
     def __init__(self, scale: float, causal: bool = False) -> None:
         super().__init__(scale=float(scale), causal=bool(causal))

@@ -15,7 +15,8 @@ template, its spelling there):
 * views: `input_map` (output index -> the input index it reads), `bijective`, `keeps_order`,
   `broadcasts`, `axis_permutation` (transpose), `ranges` (a unit-step slice).
 * pointwise: `converts_type` (convert), `right_identity` (add, sub: 0; mul, div: 1).
-* anchors: `channel_axis`, `weight_input`, `weight_channel_axis`, `spatial_window`.
+* anchors: `channel_axis`, `weight_input`, `weight_channel_axis`, `spatial_window`,
+  `recomputed_inputs` (attention's mask: computed where it is read, once per score).
 * `concatenates` (concat): its inputs lie end to end along its `axis`.
 * reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
   and finalize as target-neutral scalar ops.
@@ -99,6 +100,7 @@ class Op:
     converts_type: ClassVar[bool] = False  # its value is its input's in another element type
     # anchors
     weight_input: ClassVar[int | None] = None  # which input holds the weights
+    recomputed_inputs: ClassVar[tuple[int, ...]] = ()  # inputs whose pointwise producers its group recomputes
     spatial_window: ClassVar[bool] = False  # slides a window (padding, stride, dilation) over [N, C, *spatial]
     # data movement
     concatenates: ClassVar[bool] = False  # lays its inputs end to end along its `axis` attribute

@@ -189,7 +189,12 @@ class FuseAnchors:
     def fuse(self, module: Module, anchor: Instruction) -> Instruction:
         inline = (lambda ins: True) if self.inline_prologue else (lambda ins: False)
         b = GroupBuilder(group_name(module), inline)
-        value = b.add(anchor.op, [b.gather(x) for x in anchor.inputs], anchor.origin)
+        inputs = []
+        for k, x in enumerate(anchor.inputs):  # an input the op reads once per element is recomputed
+            b.inline = (lambda ins: True) if k in anchor.op.recomputed_inputs else inline
+            inputs.append(b.gather(x))
+        b.inline = inline
+        value = b.add(anchor.op, inputs, anchor.origin)
         out, pieces, members = _Epilogue(module, anchor, b).grow(value)
         fused = b.finish(out, pieces, kernel_name(b.inlined + members))
         place(module, fused, out, members)

@@ -23,8 +23,9 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.anchors import Dot
 from fusegraph.ops.attention import Attention, causal_keep
 from fusegraph.ops.base import OpKind, make_op
+from fusegraph.ops.pointwise import Convert
 from fusegraph.ops.source import make_literal
-from fusegraph.ops.views import MultiBroadcast, Transpose
+from fusegraph.ops.views import MultiBroadcast, Reshape, Transpose
 from fusegraph.passes.literal_values import broadcast_literal
 from fusegraph.passes.rewrite import rewrite_each
 
@@ -36,8 +37,10 @@ LARGE_NEGATIVE = -1e4
 @dataclass
 class _Mask:
     """What the scores add before the softmax: an additive tensor, or `where(cond, s, fill)`
-    (keeping the scores where `cond == keep`)."""
+    (keeping the scores where `cond == keep`); `at` is the add or where, whose shape the mask
+    has (the softmax's up to a reshape of the batch dims)."""
 
+    at: Instruction
     additive: Instruction | None = None
     cond: Instruction | None = None
     fill: float = 0.0
@@ -46,12 +49,13 @@ class _Mask:
 
 @dataclass
 class _Scores:
-    """The scores feeding a softmax: the product, the folded scale, the mask, and the
-    instructions between the product and the softmax (each read only by the next)."""
+    """The scores feeding a softmax: the product, the folded scale, the masks (added in
+    dataflow order), and the instructions between the product and the softmax (each read only
+    by the next)."""
 
     dot: Instruction
     scale: float = 1.0
-    mask: _Mask | None = None
+    masks: list[_Mask] = field(default_factory=list)
     members: list[Instruction] = field(default_factory=list)
 
 
@@ -83,26 +87,42 @@ def _mask_steps(x: Instruction) -> list[tuple[Instruction, _Mask]]:
     """The ways `x` can be (scores, mask): an add of either operand, or a `where` with a
     large negative constant on one side."""
     if x.op.name == "add":
-        return [(x.inputs[i], _Mask(additive=x.inputs[1 - i])) for i in (0, 1)]
+        return [(x.inputs[i], _Mask(x, additive=x.inputs[1 - i])) for i in (0, 1)]
     if x.op.name == "where":
         cond, a, b = x.inputs
         out = []
         for inner, other, keep in ((a, b, True), (b, a, False)):
             fill = uniform_value(other)
             if fill is not None and fill <= LARGE_NEGATIVE:
-                out.append((inner, _Mask(cond=cond, fill=fill, keep=keep)))
+                out.append((inner, _Mask(x, cond=cond, fill=fill, keep=keep)))
         return out
     return []
 
 
+def _passes_through(x: Instruction) -> bool:
+    """Whether the scores may pass `x` unchanged in value: a conversion between float types
+    (a softmax computed in float32), or a row-major reshape of the batch dims (Swin's windows
+    regrouped to add their mask) that keeps the [query, key] dims."""
+    if x.op.converts_type:
+        return x.shape.dtype.is_float and x.inputs[0].shape.dtype.is_float
+    return (x.op.kind == OpKind.VIEW and x.op.keeps_order and x.shape.ndim >= 2 and x.inputs[0].shape.ndim >= 2
+            and x.shape.lens[-2:] == x.inputs[0].shape.lens[-2:])
+
+
 def find_scores(x: Instruction, users: dict[Instruction, list[Instruction]], returned: set[int],
                 allow_mask: bool = True) -> _Scores | None:
-    """The scores behind softmax input `x`: a `Dot` under scalar scales and at most one mask,
-    the mask nearest the softmax (a scale after the mask would scale the mask too)."""
+    """The scores behind softmax input `x`: a `Dot` under scalar scales and then masks (a
+    relative position bias, a window or padding mask; a scale after a mask would scale the
+    mask too), through conversions and batch reshapes anywhere."""
     if isinstance(x.op, Dot):
         return _Scores(x) if len(users[x]) == 1 and id(x) not in returned else None
     if len(users[x]) != 1 or id(x) in returned:
         return None
+    if _passes_through(x):
+        got = find_scores(x.inputs[0], users, returned, allow_mask)
+        if got is not None:
+            got.members.append(x)
+        return got
     step = _scalar_factor(x)
     if step is not None:
         got = find_scores(step[0], users, returned, allow_mask=False)
@@ -111,9 +131,9 @@ def find_scores(x: Instruction, users: dict[Instruction, list[Instruction]], ret
             got.members.append(x)
             return got
     for inner, mask in _mask_steps(x) if allow_mask else []:
-        got = find_scores(inner, users, returned, allow_mask=False)
+        got = find_scores(inner, users, returned)
         if got is not None:
-            got.mask = mask
+            got.masks.append(mask)
             got.members.append(x)
             return got
     return None
@@ -162,14 +182,32 @@ def _broadcast(module: Module, value: Instruction, lens: tuple[int, ...], before
     return module.insert_before(before, module.make(MultiBroadcast(lens), [value]))
 
 
-def mask_input(module: Module, mask: _Mask | None, scores: Instruction, before: Instruction) -> tuple[Instruction | None, bool]:
-    """The attention's additive mask input (None for none) and whether it is causal. A constant
-    mask that adds nothing or draws the causal triangle is dropped (the kernel then reads no
-    mask and, when causal, skips the key tiles past the diagonal); a `where` becomes the
-    additive mask `where(cond, 0, fill)`, a literal when the condition is constant."""
-    if mask is None:
-        return None, False
-    lens, dtype = scores.shape.lens, scores.shape.dtype.numpy
+def mask_input(module: Module, masks: list[_Mask], lens: tuple[int, ...], before: Instruction) -> tuple[Instruction | None, bool]:
+    """The attention's additive mask input of shape `lens` (None for none) and whether it is
+    causal. A constant mask that adds nothing or draws the causal triangle is dropped (the
+    kernel then reads no mask and, when causal, skips the key tiles past the diagonal); a
+    `where` becomes the additive mask `where(cond, 0, fill)`, a literal when the condition is
+    constant. A mask added before a batch reshape is read through the same reshape; several
+    masks are summed (in the order the scores met them)."""
+    total, causal = None, False
+    for mask in masks:
+        out, is_causal = _mask_value(module, mask, before)
+        causal = causal or is_causal
+        if out is None:
+            continue
+        if out.shape.lens != lens:
+            out = module.insert_before(before, module.make(Reshape(lens), [out], out.origin))
+        if total is not None:
+            if out.shape.dtype != total.shape.dtype:
+                out = module.insert_before(before, module.make(Convert(total.shape.dtype), [out], out.origin))
+            out = module.insert_before(before, module.make(make_op("add"), [total, out], out.origin))
+        total = out
+    return total, causal
+
+
+def _mask_value(module: Module, mask: _Mask, before: Instruction) -> tuple[Instruction | None, bool]:
+    """The additive mask in the shape of the add or where it came from, and causality."""
+    lens, dtype = mask.at.shape.lens, mask.at.shape.dtype.numpy
     sq, sk = lens[-2:]
     if mask.additive is not None:
         value = broadcast_literal(mask.additive)
@@ -205,22 +243,43 @@ class FuseAttention:
             return False
         users = module.users()
         returned = {id(r) for r in module.returns}
-        readers = users.get(sm, [])
-        if len(readers) != 1 or id(sm) in returned or not isinstance(readers[0].op, Dot):
+        pv = value_product(sm, users, returned)
+        scores = find_scores(sm.inputs[0], users, returned) if pv is not None else None
+        if pv is None or scores is None or scores.dot.inputs[0].shape.dtype != pv.inputs[1].shape.dtype:
             return False
-        pv = readers[0]
-        if pv.inputs[0] is not sm or pv.inputs[1] is sm:
-            return False
-        scores = find_scores(sm.inputs[0], users, returned)
-        if scores is None:
-            return False
+        batch = pv.shape.lens[:-2]
         q, q_scale = unscaled(module, scores.dot.inputs[0], pv)
         kt, k_scale = unscaled(module, scores.dot.inputs[1], pv)
         r = kt.shape.ndim
         k = module.insert_before(pv, module.make(Transpose([*range(r - 2), r - 1, r - 2]), [kt], kt.origin))
-        mask, causal = mask_input(module, scores.mask, scores.dot, pv)
+        q, k = (_with_batch(module, x, batch, pv) for x in (q, k))
+        mask, causal = mask_input(module, scores.masks, sm.shape.lens, pv)
         scale = scores.scale * q_scale * k_scale
         inputs = [q, k, pv.inputs[1]] + ([mask] if mask is not None else [])
         att = module.make(Attention(scale, causal), inputs, sm.origin or pv.origin)
         module.replace(pv, att)
         return True
+
+
+def value_product(sm: Instruction, users: dict[Instruction, list[Instruction]], returned: set[int]) -> Instruction | None:
+    """The `dot(softmax, v)` that alone reads softmax `sm` (through a float conversion, as a
+    softmax computed in float32 is read in float16), or None."""
+    x = sm
+    while True:
+        readers = users.get(x, [])
+        if len(readers) != 1 or id(x) in returned:
+            return None
+        (reader,) = readers
+        if not (reader.op.converts_type and reader.shape.dtype.is_float):
+            break
+        x = reader
+    if not isinstance(reader.op, Dot) or reader.inputs[0] is not x or reader.inputs[1] is x:
+        return None
+    return reader
+
+
+def _with_batch(module: Module, x: Instruction, batch: tuple[int, ...], before: Instruction) -> Instruction:
+    """`x` [..., S, D] with the batch dims `batch` (a row-major reshape), as the product with V has them."""
+    if x.shape.lens[:-2] == batch:
+        return x
+    return module.insert_before(before, module.make(Reshape([*batch, *x.shape.lens[-2:]]), [x], x.origin))

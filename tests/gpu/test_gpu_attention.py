@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from fusegraph import api, parse_onnx
-from tests.attention_models import bert_attention, causal_attention, vit_block
+from tests.attention_models import (bert_attention, causal_attention, float32_softmax_attention, vit_block,
+                                    window_attention)
 from tests.helpers import make_model, rel_err
 
 FP32_TOL = 2e-5
@@ -80,8 +81,8 @@ def check(model, tolerance: float, seed: int = 5, configs: bool = False):
 ])
 def test_attention_fp32(b, h, sq, sk, d, mask, causal):
     compiled = check(attention_model(b, h, sq, sk, d, mask, causal), FP32_TOL)
-    # a boolean mask becomes 0 / -inf in a kernel of its own, read by the attention kernel
-    assert [k.src.template for k in compiled.kernels] == ["flat"] * (mask == "bool") + ["attention"]
+    # a boolean mask's 0 / -inf is computed where the kernel reads it
+    assert [k.src.template for k in compiled.kernels] == ["attention"]
 
 
 @pytest.mark.parametrize("b,h,sq,sk,d,mask,causal", [
@@ -121,7 +122,9 @@ def test_fully_masked_row_gives_zeros():
     (bert_attention(s=19, mask="none"), FP32_TOL),
     (causal_attention(s=18, form="where"), FP32_TOL),
     (vit_block(s=20, scale_on="q", dtype=TensorProto.FLOAT16), FP16_TOL),
-], ids=["vit", "bert", "gpt2-causal", "vit-fp16"])
+    (window_attention(), FP32_TOL),
+    (float32_softmax_attention(), FP16_TOL),
+], ids=["vit", "bert", "gpt2-causal", "vit-fp16", "swin-window", "fp32-softmax"])
 def test_block_in_plain_ops_has_one_attention_kernel(model, tolerance):
     """A ViT block exported as ops (QKV GEMM, head split, scales, softmax, products, head merge,
     projection): three kernels, the middle one attention reading the QKV GEMM's head layout."""

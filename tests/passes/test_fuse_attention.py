@@ -14,7 +14,8 @@ from fusegraph.ir.program import Instruction, Program
 from fusegraph.passes.fuse_attention import FuseAttention, constant_mask_kind
 from fusegraph.passes.manager import run_passes
 from fusegraph.passes.pipeline import canonicalize_passes, fuse
-from tests.attention_models import bert_attention, causal_attention, vit_block
+from tests.attention_models import (bert_attention, causal_attention, float32_softmax_attention, vit_block,
+                                    window_attention)
 from tests.helpers import ort_run, rel_err
 
 
@@ -63,11 +64,14 @@ def test_printed_program_before_and_after_the_pass():
     assert "attention[scale=0.25,causal=False]" in after
 
 
-def test_bert_padding_mask_is_an_input():
+def test_bert_padding_mask_is_an_input_computed_in_the_kernel():
     program = fused_equals_unfused(bert_attention(), 1e-5, mask_binary=True)
     (att,) = attentions(program)
     assert len(att.inputs) == 4 and att.op.attrs["causal"] is False
     assert att.op.attrs["scale"] == pytest.approx(0.25)
+    # (1 - m) * -10000 is recomputed where the attention kernel reads it: no kernel of its own
+    kernels = [i.op.attrs["kernel"] for i in program.main if i.op.name == "fused"]
+    assert kernels == ["dot_reshape_transpose"] * 3 + ["sub_mul_attention_transpose_reshape", "dot"]
 
 
 def test_bert_without_mask():
@@ -106,3 +110,16 @@ def test_constant_mask_kinds():
     assert constant_mask_kind(np.where(np.tril(np.ones((4, 6), bool)), 0, -np.inf), 4, 6) is None  # offset 0, not 2
     varying = np.stack([tri, np.zeros((4, 6))])[:, None]
     assert constant_mask_kind(varying, 4, 6) is None
+
+
+def test_swin_window_attention_with_bias_and_shift_mask():
+    """Two masks, the second added between batch reshapes: both summed into one mask input."""
+    program = fused_equals_unfused(window_attention(), 1e-5)
+    (att,) = attentions(program)
+    assert len(att.inputs) == 4 and att.op.attrs["scale"] == pytest.approx(0.25)
+
+
+def test_softmax_in_float32_between_casts():
+    program = fused_equals_unfused(float32_softmax_attention(), 3e-3)
+    (att,) = attentions(program)
+    assert att.shape.dtype.numpy == np.float16
