@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto, helper
 
 from tests.helpers import make_model, rand
@@ -166,4 +167,22 @@ def float32_softmax_attention(b: int = 2, s: int = 17, h: int = 2, d: int = 16) 
     g.node[k].input[0], g.node[k].output[0] = "sc32", "p32"
     g.node.insert(k, helper.make_node("Cast", ["sc0"], ["sc32"], to=TensorProto.FLOAT))
     g.node.insert(k + 2, helper.make_node("Cast", ["p32"], ["p"], to=TensorProto.FLOAT16))
+    return model
+
+
+def guarded_bool_mask_attention(b: int = 2, s: int = 17, h: int = 2, d: int = 16) -> onnx.ModelProto:
+    """PyTorch's export of `scaled_dot_product_attention` with a boolean mask: the mask as
+    where(m, 0, -inf) added to the scores, and the probabilities guarded by
+    where(isnan(p), 0, p) for rows the mask empties."""
+    model = vit_block(b, s, h, d, scale_on="qk")
+    g = model.graph
+    k = next(i for i, nd in enumerate(g.node) if nd.op_type == "Softmax")
+    g.node[k].input[0], g.node[k].output[0] = "masked", "p0"
+    g.initializer.extend([onnx.numpy_helper.from_array(np.array(0, np.float32), "zero"),
+                          onnx.numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")])
+    g.node.insert(k, helper.make_node("Where", ["m", "zero", "ninf"], ["madd"]))
+    g.node.insert(k + 1, helper.make_node("Add", ["sc0", "madd"], ["masked"]))
+    g.node.insert(k + 3, helper.make_node("IsNaN", ["p0"], ["nan"]))
+    g.node.insert(k + 4, helper.make_node("Where", ["nan", "zero", "p0"], ["p"]))
+    g.input.append(helper.make_tensor_value_info("m", TensorProto.BOOL, [b, 1, s, s]))
     return model

@@ -262,20 +262,36 @@ class FuseAttention:
 
 
 def value_product(sm: Instruction, users: dict[Instruction, list[Instruction]], returned: set[int]) -> Instruction | None:
-    """The `dot(softmax, v)` that alone reads softmax `sm` (through a float conversion, as a
-    softmax computed in float32 is read in float16), or None."""
+    """The `dot(softmax, v)` that alone reads softmax `sm`, through a float conversion (a
+    softmax computed in float32 read in float16) and the exporters' `where(isnan(p), 0, p)`
+    (zeros for a fully masked row, what the attention op gives anyway); or None."""
     x = sm
-    while True:
+    while id(x) not in returned:
         readers = users.get(x, [])
-        if len(readers) != 1 or id(x) in returned:
+        guard = _nan_guard(x, readers, users)
+        if guard is not None:
+            x = guard
+            continue
+        if len(readers) != 1:
             return None
         (reader,) = readers
         if not (reader.op.converts_type and reader.shape.dtype.is_float):
-            break
+            ok = isinstance(reader.op, Dot) and reader.inputs[0] is x and reader.inputs[1] is not x
+            return reader if ok else None
         x = reader
-    if not isinstance(reader.op, Dot) or reader.inputs[0] is not x or reader.inputs[1] is x:
+    return None
+
+
+def _nan_guard(x: Instruction, readers: list[Instruction], users: dict[Instruction, list[Instruction]]) -> Instruction | None:
+    """The `where(isnan(x), 0, x)` that, with its `isnan`, alone reads `x`; else None."""
+    if len(readers) != 2:
         return None
-    return reader
+    nan = [r for r in readers if r.op.name == "isnan"]
+    guard = [r for r in readers if r.op.name == "where"]
+    if len(nan) != 1 or len(guard) != 1 or users.get(nan[0]) != guard:
+        return None
+    w = guard[0]
+    return w if w.inputs[0] is nan[0] and w.inputs[2] is x and uniform_value(w.inputs[1]) == 0 else None
 
 
 def _with_batch(module: Module, x: Instruction, batch: tuple[int, ...], before: Instruction) -> Instruction:

@@ -14,8 +14,8 @@ from fusegraph.ir.program import Instruction, Program
 from fusegraph.passes.fuse_attention import FuseAttention, constant_mask_kind
 from fusegraph.passes.manager import run_passes
 from fusegraph.passes.pipeline import canonicalize_passes, fuse
-from tests.attention_models import (bert_attention, causal_attention, float32_softmax_attention, vit_block,
-                                    window_attention)
+from tests.attention_models import (bert_attention, causal_attention, float32_softmax_attention,
+                                    guarded_bool_mask_attention, vit_block, window_attention)
 from tests.helpers import ort_run, rel_err
 
 
@@ -123,3 +123,18 @@ def test_softmax_in_float32_between_casts():
     program = fused_equals_unfused(float32_softmax_attention(), 3e-3)
     (att,) = attentions(program)
     assert att.shape.dtype.numpy == np.float16
+
+
+def test_boolean_mask_with_the_exporters_nan_guard():
+    """where(m, 0, -inf) added, softmax, where(isnan(p), 0, p): the guard's zeros for emptied
+    rows are what the attention op gives; here row 3 of the first batch entry sees no key."""
+    model = guarded_bool_mask_attention()
+    plain, fused = parse_onnx(model), parse_onnx(model)
+    fuse(fused)
+    (att,) = attentions(fused)
+    assert len(att.inputs) == 4
+    inputs = random_inputs(plain.input_shapes, 5)
+    inputs["m"] = np.random.default_rng(2).random(inputs["m"].shape) < 0.7
+    inputs["m"][0, 0, 3] = False
+    want, got = api.run(plain, inputs)["y"], api.run(fused, inputs)["y"]
+    assert rel_err(got, want) < 1e-5
