@@ -101,6 +101,11 @@ def parse_attention(ctx: ImportContext, ins: list[Instruction | None]) -> list[I
     assert q is not None and k is not None and v_ is not None
     if ctx.attr("softcap", 0.0):
         raise ctx.error("attribute softcap is not supported")
+    for window in ("left_window_size", "right_window_size"):
+        if ctx.attr(window, -1) != -1:
+            raise ctx.error(f"attribute {window} (local window attention) is not supported")
+    if len(ins) > 6 and ins[6] is not None:
+        raise ctx.error("input nonpad_kv_seqlen is not supported")
     if (past_k is None) != (past_v is None):
         raise ctx.error("past_key and past_value must be given together")
     packed = q.shape.ndim == 3

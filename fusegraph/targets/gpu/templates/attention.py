@@ -119,44 +119,62 @@ class AttentionEmitter:
 
     def _key_tile(self, q: str, causal: bool, scale: float) -> None:
         """One key tile: scores, the online softmax update and the product with V. Without a
-        mask the scores are kept in log2 units (scale * log2(e) folded into one factor); with
-        one they stay in natural units, so that a finite fill (finfo.min) stays finite."""
+        mask the running max is in log2 units and scale * log2(e) multiplies the raw scores
+        inside the exponent's subtraction (one fused multiply-add per score); with one the
+        scores stay in natural units, so that a finite fill (finfo.min) stays finite."""
         w = self.w
         w.emit("rn = n0 + tl.arange(0, BN)")
         kt = self.operand(self.k, {"rd": "[:, None]", "rn": "[None, :]"}, self.k_index, f"[{self.bd}, BN]")
-        if self.mask is None:
-            w.emit(f"s = {self.dot(q, kt)} * {scale * LOG2E!r}")
-            unit = ""
-        else:
+        factor = scale * LOG2E
+        if self.mask is not None:
             mask = w.value(self.mask, self.tile({"rm": "[:, None]", "rn": "[None, :]"}), self.mask_index)
             w.emit(f"s = {self.dot(q, kt)} * {scale!r} + {mask}")
-            unit = f" * {LOG2E!r}"
+        elif factor > 0:  # max(s) * factor is the max of the scaled scores
+            w.emit(f"s = {self.dot(q, kt)}")
+        else:
+            w.emit(f"s = {self.dot(q, kt)} * {factor!r}")
         if causal:  # keeps every stored row's keys below sk too
             w.emit(f's = tl.where(rn[None, :] <= rm[:, None] + {self.sk - self.sq}, s, float("-inf"))')
         elif self.sk % 128:  # a key tail inside the last tile: a constexpr test, free where BN divides sk
             with w.block(f"if {self.sk} % BN != 0:"):
                 w.emit(f's = tl.where(rn[None, :] < {self.sk}, s, float("-inf"))')
-        w.emit("m_new = tl.maximum(m_i, tl.max(s, 1))")
-        w.emit('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)')  # a row with no key seen yet
-        w.emit(f"alpha = tl.exp2((m_i - m_use){unit})")
-        w.emit(f"p = tl.exp2((s - m_use[:, None]){unit})")
+        if self.mask is not None:
+            w.emit("m_new = tl.maximum(m_i, tl.max(s, 1))")
+            w.emit('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)')  # a row with no key seen yet
+            w.emit(f"alpha = tl.exp2((m_i - m_use) * {LOG2E!r})")
+            w.emit(f"p = tl.exp2((s - m_use[:, None]) * {LOG2E!r})")
+        else:
+            scaled = f" * {factor!r}" if factor > 0 else ""
+            w.emit(f"m_new = tl.maximum(m_i, tl.max(s, 1){scaled})")
+            w.emit('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)')
+            w.emit("alpha = tl.exp2(m_i - m_use)")
+            w.emit(f"p = tl.exp2(s{scaled} - m_use[:, None])")
         w.emit("l_i = l_i * alpha + tl.sum(p, 1)")
         v = self.operand(self.v, {"rn": "[:, None]", "re": "[None, :]"}, self.v_index, f"[BN, {self.be}]")
         w.emit(f"acc = {self.dot(f'p.to({self.op_t})', v, 'acc * alpha[:, None]')}")
         w.emit("m_i = m_new")
 
 
-def attention_configs(sq: int, sk: int, d: int, itemsize: int) -> list[Config]:
+def attention_configs(sq: int, sk: int, d: int, itemsize: int, heads: int) -> list[Config]:
     """Candidates best first: the head size's list, tiles no larger than the sequence needs,
-    K and V pipelines that fit in shared memory."""
+    K and V pipelines that fit in shared memory. When 128-row blocks over all `heads` (batch
+    times heads) leave multiprocessors idle (ViT-S at batch 1: 2 x 6 programs), the largest
+    blocks that still fill the GPU come first, then those giving the most programs."""
     shapes = CONFIGS[min(CONFIGS, key=lambda h: abs(h - d))]
-    budget = current_device().shared_bytes_per_block - 16 * 1024
+    device = current_device()
+    budget = device.shared_bytes_per_block - 16 * 1024
     out = []
     for bm, bn, warps, stages in shapes:
         bm, bn = min(bm, _pow2(sq)), min(bn, _pow2(sk))
         c = {"BM": bm, "BN": bn, "num_warps": min(warps, max(1, bm // 16)), "num_stages": stages}
         if (bm * d + stages * bn * 2 * d) * itemsize <= budget and c not in out:
             out.append(c)
+
+    def fills(c: Config) -> bool:
+        return -(-sq // c["BM"]) * heads >= device.sm_count
+
+    if out and not fills(out[0]):
+        out.sort(key=lambda c: (0, -c["BM"]) if fills(c) else (1, c["BM"]))
     return out or [{"BM": 16, "BN": 16, "num_warps": 1, "num_stages": 1}]
 
 
@@ -171,5 +189,5 @@ def attention_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     body = signature(name, args, ["BM", "BN"]) + "\n" + "\n".join(e.w.lines) + "\n"
     itemsize = anchor.inputs[0].shape.dtype.itemsize
     flops = 2 * e.nb * e.sq * e.sk * (e.d + e.dv) // (2 if causal else 1)
-    return KernelSource(name, kernel, "attention", body, args, attention_configs(e.sq, e.sk, e.bd, itemsize),
+    return KernelSource(name, kernel, "attention", body, args, attention_configs(e.sq, e.sk, e.bd, itemsize, e.nb),
                         [(e.sq, "BM", None), (e.nb, None, None)], flops=flops)
