@@ -94,6 +94,14 @@ def test_attention_fp16(b, h, sq, sk, d, mask, causal):
     check(attention_model(b, h, sq, sk, d, mask, causal, dtype=TensorProto.FLOAT16), FP16_TOL)
 
 
+@pytest.mark.parametrize("dtype,tolerance", [(TensorProto.BFLOAT16, 2e-2), (TensorProto.DOUBLE, 1e-12)],
+                         ids=["bf16", "fp64"])
+def test_attention_bf16_and_fp64(dtype, tolerance):
+    """bfloat16 (its products in float32 under the interpreter, whose bf16 dot is wrong) and
+    float64 (exact products summed, no tensor-core dot)."""
+    check(attention_model(1, 2, 33, 33, 32, "float", True, dtype=dtype), tolerance)
+
+
 def test_causal_with_cached_keys_skips_tiles_past_the_diagonal():
     """20 new queries after 25 cached keys: query i sees keys j <= i + 25; every config."""
     compiled = check(attention_model(1, 2, 20, 20, 16, causal=True, past=25), FP32_TOL, configs=True)
