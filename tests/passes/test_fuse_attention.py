@@ -5,6 +5,7 @@ input or recognized as causal, and fused programs compute what unfused ones do."
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto
 
@@ -138,3 +139,48 @@ def test_boolean_mask_with_the_exporters_nan_guard():
     inputs["m"][0, 0, 3] = False
     want, got = api.run(plain, inputs)["y"], api.run(fused, inputs)["y"]
     assert rel_err(got, want) < 1e-5
+
+
+def _torch_block(torch, mode: str):
+    """A timm-style attention block: one QKV projection, heads split by reshape and permute,
+    attention by `scaled_dot_product_attention` or written out (`q * scale @ kᵀ`, softmax, @ v)."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv, self.proj, self.heads = nn.Linear(32, 96), nn.Linear(32, 32), 2
+
+        def forward(self, x, mask=None):
+            b, n, c = x.shape
+            q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+            if mode == "explicit":
+                a = (q * (c // self.heads) ** -0.5) @ k.transpose(-2, -1)
+                o = (a + mask).softmax(-1) @ v
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mode == "causal")
+            return self.proj(o.transpose(1, 2).reshape(b, n, c))
+
+    return Block().eval()
+
+
+@pytest.mark.parametrize("mode", ["causal", "bool-mask", "explicit"])
+def test_blocks_exported_by_torch(mode, tmp_path):
+    """PyTorch's own export (the TorchScript exporter, opset 17) of each form: one attention
+    anchor, causal found from the exported triangle, fused == unfused."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 32)
+    mask = {"causal": None, "bool-mask": torch.rand(2, 1, 9, 9) < 0.7, "explicit": torch.randn(2, 1, 9, 9)}[mode]
+    if mode == "bool-mask":
+        mask[..., 0] = True
+    args = (x,) if mask is None else (x, mask)
+    path = tmp_path / "block.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_torch_block(torch, mode), args, str(path), dynamo=False, opset_version=17)
+    program = fused_equals_unfused(onnx.load(str(path)), 1e-5, mask_binary=False)
+    (att,) = attentions(program)
+    assert att.op.attrs["causal"] is (mode == "causal") and len(att.inputs) == (3 if mode == "causal" else 4)
