@@ -69,6 +69,7 @@ class AttentionEmitter:
         self.precision = "" if dtype != DType.float32 else (
             ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
         self.out = ""
+        self.edge = True  # whether the key tile being written may reach past sk
 
     def _out_value(self, tile: Tile, index: Index) -> str:
         if index != self.out_index:
@@ -79,7 +80,8 @@ class AttentionEmitter:
         """A tile over the template variables `axes` (each with its broadcast suffix, `[:, None]`),
         masked where a block overruns its extent; `gz` is the program's batch index."""
         extent = {"rm": self.sq, "rn": self.sk, "rd": self.d, "re": self.dv}
-        block = {"rm": 0, "rn": 0, "rd": self.bd, "re": self.be}  # 0: a constexpr block, always masked
+        # 0: a constexpr block, always masked; key tiles inside [0, sk) need no key bound
+        block = {"rm": 0, "rn": 0 if self.edge else self.sk, "rd": self.bd, "re": self.be}
         names = {v: f"{v}{suffix}" for v, suffix in axes.items()}
         bounds = {v: None if block[v] == extent[v] else f"({v}{suffix} < {extent[v]})" for v, suffix in axes.items()}
         return Tile({**names, "gz": "gz"}, bounds)
@@ -106,23 +108,37 @@ class AttentionEmitter:
         w.emit(f'm_i = tl.full([BM], float("-inf"), {self.acc_t})')
         w.emit(f"l_i = tl.zeros([BM], dtype={self.acc_t})")
         w.emit(f"acc = tl.zeros([BM, {self.be}], dtype={self.acc_t})")
-        hi = str(self.sk)
-        if causal:  # the keys the block's last row sees: j <= i + (sk - sq)
-            w.emit(f"hi = tl.minimum((pid_m + 1) * BM + {self.sk - self.sq}, {self.sk})")
-            hi = "hi"
-        with w.block(f"for n0 in range(0, {hi}, BN):"):
-            self._key_tile(q, causal, scale)
+        for start, end, edge in self._key_ranges(causal):
+            with w.block(f"for n0 in range({start}, {end}, BN):"):
+                self._key_tile(q, causal, scale, edge)
         w.emit("l_i = tl.where(l_i == 0.0, 1.0, l_i)")  # a row that sees no key: zeros, as the reference
         self.out = w.let("acc / l_i[:, None]", "o")
         (ret,) = self.module.returns
         w.store(ret, self.tile({"rm": "[:, None]", "re": "[None, :]"}), self.out_index)
 
-    def _key_tile(self, q: str, causal: bool, scale: float) -> None:
-        """One key tile: scores, the online softmax update and the product with V. Without a
+    def _key_ranges(self, causal: bool) -> list[tuple[str, str, bool]]:
+        """The key loops: (start, end, whether its tiles need the causal or tail test). Causal:
+        the tiles every row of the block sees in full, then those crossing its diagonal up to
+        the last key its last row sees (j <= i + sk - sq); otherwise the whole tiles, then a
+        tail tile where BN does not divide sk (a constexpr range, empty when it does)."""
+        off = self.sk - self.sq
+        if causal:
+            self.w.emit(f"lo = (pid_m * BM + {off + 1}) // BN * BN")
+            self.w.emit(f"hi = tl.minimum((pid_m + 1) * BM + {off}, {self.sk})")
+            return [("0", "lo", False), ("lo", "hi", True)]
+        if self.sk % 128 == 0:  # every BN divides it
+            return [("0", str(self.sk), False)]
+        whole = f"{self.sk} // BN * BN"
+        return [("0", whole, False), (whole, str(self.sk), True)]
+
+    def _key_tile(self, q: str, causal: bool, scale: float, edge: bool) -> None:
+        """One key tile (`edge`: one that crosses the diagonal or the key tail): scores, the
+        online softmax update and the product with V. Without a
         mask the running max is in log2 units and scale * log2(e) multiplies the raw scores
         inside the exponent's subtraction (one fused multiply-add per score); with one the
         scores stay in natural units, so that a finite fill (finfo.min) stays finite."""
         w = self.w
+        self.edge = edge
         w.emit("rn = n0 + tl.arange(0, BN)")
         kt = self.operand(self.k, {"rd": "[:, None]", "rn": "[None, :]"}, self.k_index, f"[{self.bd}, BN]")
         factor = scale * LOG2E
@@ -133,11 +149,10 @@ class AttentionEmitter:
             w.emit(f"s = {self.dot(q, kt)}")
         else:
             w.emit(f"s = {self.dot(q, kt)} * {factor!r}")
-        if causal:  # keeps every stored row's keys below sk too
+        if edge and causal:  # keeps every stored row's keys below sk too
             w.emit(f's = tl.where(rn[None, :] <= rm[:, None] + {self.sk - self.sq}, s, float("-inf"))')
-        elif self.sk % 128:  # a key tail inside the last tile: a constexpr test, free where BN divides sk
-            with w.block(f"if {self.sk} % BN != 0:"):
-                w.emit(f's = tl.where(rn[None, :] < {self.sk}, s, float("-inf"))')
+        elif edge:
+            w.emit(f's = tl.where(rn[None, :] < {self.sk}, s, float("-inf"))')
         if self.mask is not None:
             w.emit("m_new = tl.maximum(m_i, tl.max(s, 1))")
             w.emit('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)')  # a row with no key seen yet
@@ -153,6 +168,7 @@ class AttentionEmitter:
         v = self.operand(self.v, {"rn": "[:, None]", "re": "[None, :]"}, self.v_index, f"[BN, {self.be}]")
         w.emit(f"acc = {self.dot(f'p.to({self.op_t})', v, 'acc * alpha[:, None]')}")
         w.emit("m_i = m_new")
+        self.edge = True
 
 
 def attention_configs(sq: int, sk: int, d: int, itemsize: int, heads: int) -> list[Config]:
