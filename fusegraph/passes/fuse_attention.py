@@ -1,10 +1,11 @@
-"""Attention found in plain ops: `dot(q, kᵀ)`, scalar scales, a mask, softmax, `dot(·, v)`
+"""Attention found in plain ops: `dot(q, kᵀ)`, scalar scales, masks, softmax, `dot(·, v)`
 become one `attention` anchor.
 
 Exporters write attention as the ops it is made of: a product of Q and Kᵀ, a multiplication
-or division by a constant (on Q, on K, on the scores, or on two of them), an optional additive
-mask (a padding mask broadcast over heads, a causal triangle, or a `where` against a large
-negative fill), a softmax over the keys and a product with V. Split into kernels, the scores
+or division by a constant (on Q, on K, on the scores, or on two of them), optional additive
+masks (a padding mask broadcast over heads, a causal triangle, a relative position bias, a
+`where` against a large negative fill), a softmax over the keys (maybe in float32, between
+conversions) and a product with V. Split into kernels, the scores
 make a round trip through memory and each scale is a kernel of its own. Here the scales fold
 into the anchor's `scale`, a constant causal triangle into `causal`, and Q, K and V are read
 through whatever views lie between them and their producers (the head split of the QKV
@@ -49,14 +50,12 @@ class _Mask:
 
 @dataclass
 class _Scores:
-    """The scores feeding a softmax: the product, the folded scale, the masks (added in
-    dataflow order), and the instructions between the product and the softmax (each read only
-    by the next)."""
+    """The scores feeding a softmax: the product, the folded scale and the masks (added in
+    dataflow order)."""
 
     dot: Instruction
     scale: float = 1.0
     masks: list[_Mask] = field(default_factory=list)
-    members: list[Instruction] = field(default_factory=list)
 
 
 def uniform_value(ins: Instruction) -> float | None:
@@ -119,22 +118,17 @@ def find_scores(x: Instruction, users: dict[Instruction, list[Instruction]], ret
     if len(users[x]) != 1 or id(x) in returned:
         return None
     if _passes_through(x):
-        got = find_scores(x.inputs[0], users, returned, allow_mask)
-        if got is not None:
-            got.members.append(x)
-        return got
+        return find_scores(x.inputs[0], users, returned, allow_mask)
     step = _scalar_factor(x)
     if step is not None:
         got = find_scores(step[0], users, returned, allow_mask=False)
         if got is not None:
             got.scale *= step[1]
-            got.members.append(x)
             return got
     for inner, mask in _mask_steps(x) if allow_mask else []:
         got = find_scores(inner, users, returned)
         if got is not None:
             got.masks.append(mask)
-            got.members.append(x)
             return got
     return None
 
