@@ -6,7 +6,9 @@ accumulator, so the scores never leave the chip. The scale and log2(e) fold into
 of the exponent (`exp2`). Q, K, V and the mask are read by the kernel writer at indices over
 the template's variables, so they come straight from the layout their producers wrote (the
 QKV projection's head split), and the output tile is stored through the group's epilogue (the
-head merge). A causal program stops at the last key tile its rows see.
+head merge). Key tiles that every row of the block sees in full run in a loop without
+masks; the tiles crossing the causal diagonal or the end of the keys follow in a second loop
+with the test, and a causal program stops at the last key its last row sees.
 """
 
 from __future__ import annotations
