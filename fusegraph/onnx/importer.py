@@ -73,7 +73,7 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
             else:
                 args.append(ctx.values[name])
         try:
-            result = PARSERS[node.op_type](ctx, args)
+            result = PARSERS[_op_key(node)](ctx, args)
         except FusegraphError:
             raise
         except (ValueError, TypeError, IndexError, AssertionError) as e:
@@ -109,10 +109,16 @@ def _opset(model: onnx.ModelProto) -> int:
     return opset
 
 
+def _op_key(node: onnx.NodeProto) -> str:
+    """The parser registry's name of a node's op: its type, prefixed by any non-standard domain
+    (`com.microsoft.Attention` is not ONNX's `Attention`)."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
 def _check_supported(graph: onnx.GraphProto) -> None:
     bad: dict[str, list[str]] = {}
     for k, node in enumerate(graph.node):
-        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        op = _op_key(node)
         if op not in PARSERS:
             bad.setdefault(op, []).append(node.name or f"{node.op_type}_{k}")
     if bad:

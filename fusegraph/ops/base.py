@@ -9,15 +9,17 @@ template, its spelling there):
   anchors (convolution, dot, pooling) take a prologue and an epilogue, reductions fuse with a
   recomputed pointwise prologue, data movement runs on its own; `MEMORY` ops (load, store,
   allocate, select) exist only inside fused groups.
-* `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`);
-  empty for ops no template lowers by themselves. `template_family(input shapes)` may name a
-  narrower one for some shapes (`depthwise` for a convolution with one input channel per group).
+* `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`,
+  `attention`); empty for ops no template lowers by themselves. `template_family(input shapes)`
+  may name a narrower one for some shapes (`depthwise` for a convolution with one input
+  channel per group).
 * `short_name`: how fused kernel names spell it (`conv` for convolution).
 * views: `input_map` (output index -> the input index it reads), `bijective`, `keeps_order`,
   `broadcasts`, `axis_permutation` (transpose), `ranges` (a unit-step slice).
 * pointwise: `converts_type` (convert), `right_identity` (add, sub: 0; mul, div: 1).
 * anchors: `channel_axis`, `weight_input`, `weight_channel_axis`, `spatial_window`,
-  `k_is_last_axis`.
+  `k_is_last_axis`, `recomputed_inputs` (attention's mask: computed where it is read, once per
+  score).
 * `concatenates` (concat): its inputs lie end to end along its `axis`.
 * reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
   and finalize as target-neutral scalar ops.
@@ -102,6 +104,7 @@ class Op:
     converts_type: ClassVar[bool] = False  # its value is its input's in another element type
     # anchors
     weight_input: ClassVar[int | None] = None  # which input holds the weights
+    recomputed_inputs: ClassVar[tuple[int, ...]] = ()  # inputs whose pointwise producers its group recomputes
     spatial_window: ClassVar[bool] = False  # slides a window (padding, stride, dilation) over [N, C, *spatial]
     k_is_last_axis: ClassVar[bool] = False  # a product summing over its first input's last axis (a matrix product)
     # data movement

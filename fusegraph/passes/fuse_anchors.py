@@ -205,10 +205,15 @@ class FuseAnchors:
         return PrologueRule(module, anchor)
 
     def fuse(self, module: Module, anchor: Instruction) -> Instruction:
-        b = GroupBuilder(group_name(module), self.prologue(module, anchor))
-        operands = [b.gather(anchor.inputs[0])]
-        b.inline = _never  # the weights and the epilogue's side inputs are read as they are
-        operands += [b.gather(x) for x in anchor.inputs[1:]]
+        rule = self.prologue(module, anchor)
+        b = GroupBuilder(group_name(module), rule)
+        operands = []
+        for k, x in enumerate(anchor.inputs):
+            # the first input's producers by the prologue rule; an input the op reads once per
+            # element (attention's mask) recomputed whole; weights and side inputs read as they are
+            b.inline = rule if k == 0 else _pointwise if k in anchor.op.recomputed_inputs else _never
+            operands.append(b.gather(x))
+        b.inline = _never
         value = b.add(anchor.op, operands, anchor.origin)
         out, pieces, members = _Epilogue(module, anchor, b).grow(value)
         fused = b.finish(out, pieces, kernel_name(b.inlined + members))

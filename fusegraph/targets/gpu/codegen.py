@@ -22,7 +22,7 @@ from fusegraph.targets.gpu.anchor import find_anchor
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import CodegenError, KernelInputs
 from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, plan_memory, stored_buffer_input
-from fusegraph.targets.gpu.templates import depthwise, gemm, movement, reduction, window  # noqa: F401  (they register what they lower)
+from fusegraph.targets.gpu.templates import attention, depthwise, gemm, movement, reduction, window  # noqa: F401  (they register what they lower)
 from fusegraph.targets.gpu.templates.flat import flat_kernel
 from fusegraph.targets.gpu.templates.registry import template_for
 from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
