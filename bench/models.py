@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="start no new model/batch after this many seconds (default 480)")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = [m.strip() for m in (args.only or args.modes).split(",") if m.strip()]  # --only: the shared alias
     bad = sorted(set(models) - set(SPECS)) + sorted(set(modes) - set(MODES))
     if bad:
         parser.error(f"unknown model(s)/mode(s): {', '.join(bad)}")
