@@ -77,7 +77,7 @@ class _LastHidden(torch.nn.Module):
         self.inner = inner
 
     def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
-        return self.inner(**inputs, return_dict=True).last_hidden_state
+        return self.inner(**inputs)[0]  # last_hidden_state, as a ModelOutput or a tuple
 
 
 def _bert() -> torch.nn.Module:

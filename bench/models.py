@@ -44,7 +44,8 @@ import fusegraph
 import fusegraph.zoo
 from bench.common import Check, bench_parser, check, compile_fusegraph, exact_fp32, first_line
 from bench.model_specs import SPECS, library_missing, library_module
-from bench.timing import Table, Timing, capture_graph, count_kernels, synchronize, time_gpu, write_results
+from bench.timing import (Table, Timing, capture_graph, count_kernels, synchronize, time_calls, time_gpu,
+                          write_results)
 from bench.yolov5s import with_batch
 from fusegraph.driver.inputs import input_ranges
 
@@ -181,7 +182,11 @@ def run_torch(case: Case, module: torch.nn.Module, generated: bool, ref: torch.T
             compiled = torch.compile(module, mode=TORCH_MODES[mode], dynamic=False)
             fn = case.call(compiled, torch.float16, generated)
             fn()  # compiles
-        graph, out = capture_graph(fn)
+        try:
+            graph, out = capture_graph(fn)
+        except Exception as e:  # e.g. a host sync inside the module (a mask check)
+            log(f"   CUDA graph capture failed: {first_line(e)}")
+            return _timed_calls(row, fn, ref, iters, case, t0, f"no CUDA graph ({first_line(e)})")
         synchronize(case.device)
         row.setup_s = time.perf_counter() - t0
         out.fill_(float("nan"))  # the replay must rewrite every element
@@ -195,6 +200,22 @@ def run_torch(case: Case, module: torch.nn.Module, generated: bool, ref: torch.T
         row.timing = time_gpu([graph.replay], iters=iters, warmup=10, device=case.device)
     except Exception as e:  # a compiler failure is a result
         row.note = f"failed: {first_line(e)}"
+    return row
+
+
+def _timed_calls(row: Row, fn: Callable[[], torch.Tensor], ref: torch.Tensor, iters: int, case: Case,
+                 t0: float, why: str) -> Row:
+    """A contender that cannot be captured, timed as back-to-back Python calls instead."""
+    torch.cuda.synchronize()  # a failed capture leaves the stream usable once it is synchronized
+    out = fn()
+    synchronize(case.device)
+    row.setup_s = time.perf_counter() - t0
+    row.check = check(out.clone(), ref, case.args.tolerance)
+    row.note = f"{why}: timed as Python calls"
+    if row.check.ok:
+        kc = count_kernels(fn, case.device)
+        row.kernels = kc.text() if kc else "?"
+        row.timing = time_calls(fn, iters=iters, warmup=5, batch=10, device=case.device)
     return row
 
 
@@ -250,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="start no new model/batch after this many seconds (default 480)")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = [m.strip() for m in (args.only or args.modes).split(",") if m.strip()]  # --only: the shared alias
     bad = sorted(set(models) - set(SPECS)) + sorted(set(modes) - set(MODES))
     if bad:
         parser.error(f"unknown model(s)/mode(s): {', '.join(bad)}")

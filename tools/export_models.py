@@ -284,14 +284,15 @@ def example_inputs(name: str, batch: int) -> tuple:
     return tuple(out)
 
 
-def export(zoo_name: str, path: Path, dynamo: bool = False) -> None:
+def export(zoo_name: str, path: Path, dynamo: bool = False) -> list[list[int]]:
+    """Export `zoo_name` to `path`; the shapes of its outputs, as torch computed them."""
     import torch
 
     name, batch = _base(zoo_name)
     model, args = build(name), example_inputs(name, batch)
     _, inputs, outputs = MODELS[name][:3]
     with torch.no_grad():
-        model(*args)  # fails here, not in the exporter, if the model itself is broken
+        out = model(*args)  # fails here, not in the exporter, if the model itself is broken
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if dynamo:
@@ -301,9 +302,19 @@ def export(zoo_name: str, path: Path, dynamo: bool = False) -> None:
             torch.onnx.export(model, args, str(path), opset_version=OPSET, dynamo=False,
                               do_constant_folding=True, input_names=[i[0] for i in inputs],
                               output_names=outputs)
+    return [list(t.shape) for t in (out if isinstance(out, (tuple, list)) else [out])]
 
 
-def finish(full_path: Path, zoo_name: str) -> "onnx.ModelProto":
+def _fix_output_dims(model: "onnx.ModelProto", shapes: list[list[int]]) -> None:
+    """Give symbolic output dimensions their values: the exporter leaves some symbolic (Swin-T's
+    logits are [Gemmlogits_dim_0, 1000]) although every shape here is fixed."""
+    for value, shape in zip(model.graph.output, shapes):
+        for dim, n in zip(value.type.tensor_type.shape.dim, shape):
+            if not dim.HasField("dim_value"):
+                dim.dim_value = n
+
+
+def finish(full_path: Path, zoo_name: str, out_shapes: list[list[int]]) -> "onnx.ModelProto":
     """Check the full export, strip its weights and record where it came from."""
     import onnx
     import torch
@@ -313,6 +324,7 @@ def finish(full_path: Path, zoo_name: str) -> "onnx.ModelProto":
     onnx.checker.check_model(model, full_check=True)
     stripped = strip(model, keep=KEEP.get(name, frozenset()), layer_scales=name in LAYER_SCALES)
     title = MODELS[name][3] + (f", batch {batch}" if batch != 1 else "")
+    _fix_output_dims(stripped, out_shapes)
     stripped.doc_string = f"{title}; weights stripped"
     ranges = {n: list(b) for n, _, _, b in MODELS[name][1] if b is not None}
     props = [("fusegraph.zoo_name", zoo_name),
@@ -344,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.names or known:
             full = Path(tmp) / f"{name}.onnx"
-            export(name, full)
+            shapes = export(name, full)
             dst = args.out_dir / f"{name}.onnx"
-            onnx.save(finish(full, name), str(dst))
+            onnx.save(finish(full, name, shapes), str(dst))
             print(f"{dst}: {dst.stat().st_size} bytes (full {full.stat().st_size} bytes)", flush=True)
             if args.dynamo_dir is not None:
                 args.dynamo_dir.mkdir(parents=True, exist_ok=True)

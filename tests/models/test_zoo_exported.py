@@ -62,6 +62,9 @@ def test_shipped_file_is_small_stripped_and_calibrated(name):
     records = json.loads(next(p.value for p in model.metadata_props if p.key == "fusegraph.stripped_weights"))
     weights = [r for r in records if r["kind"].endswith("_weight")]
     assert weights and all(r["fan_in"] > 0 and 0.05 < r["gain"] < 20 for r in weights)
+    # fixed shapes everywhere, outputs included
+    assert all(d.HasField("dim_value") for v in [*model.graph.input, *model.graph.output]
+               for d in v.type.tensor_type.shape.dim)
     # What stays is small: no kept tensor is a weight matrix in disguise.
     assert max((i.ByteSize() for i in model.graph.initializer), default=0) < 1_000_000
 
