@@ -34,6 +34,9 @@ ONNX_TO_DTYPE: dict[int, DType] = {
     onnx.TensorProto.INT16: DType.int16,
     onnx.TensorProto.INT8: DType.int8,
     onnx.TensorProto.UINT8: DType.uint8,
+    onnx.TensorProto.UINT16: DType.uint16,
+    onnx.TensorProto.UINT32: DType.uint32,
+    onnx.TensorProto.UINT64: DType.uint64,
     onnx.TensorProto.BOOL: DType.bool,
 }
 

@@ -20,7 +20,8 @@ from fusegraph.targets.gpu.errors import CodegenError
 TRITON_TYPES = {
     DType.float32: "tl.float32", DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16",
     DType.float64: "tl.float64", DType.int64: "tl.int64", DType.int32: "tl.int32", DType.int16: "tl.int16",
-    DType.int8: "tl.int8", DType.uint8: "tl.uint8", DType.bool: "tl.int1",
+    DType.int8: "tl.int8", DType.uint8: "tl.uint8", DType.uint16: "tl.uint16", DType.uint32: "tl.uint32",
+    DType.uint64: "tl.uint64", DType.bool: "tl.int1",
 }
 
 
