@@ -1,3 +1,3 @@
 """One small parser per ONNX op; importing this package registers them all."""
 
-from fusegraph.onnx.parsers import cumulative, elementwise, gather, generators, layout, loss, nn, quantize, scatter, selection  # noqa: F401
+from fusegraph.onnx.parsers import cumulative, einsum, elementwise, gather, generators, layout, loss, nn, quantize, scatter, selection  # noqa: F401
