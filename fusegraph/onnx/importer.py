@@ -1,7 +1,8 @@
 """ONNX graph -> fusegraph Program.
 
 Unsupported ops are all reported at once, before anything is built, so a user sees the whole
-list of what a model needs. Input dimensions can be fixed by name (`--input-dim`); with all
+list of what a model needs; ops without a parser that ONNX defines as functions are read as
+their bodies (`functions.py`). Input dimensions can be fixed by name (`--input-dim`); with all
 shapes known, shape subgraphs fold to literals as the nodes are read.
 """
 
@@ -19,6 +20,7 @@ from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.onnx import parsers  # noqa: F401  (registers the parsers)
 from fusegraph.onnx.context import MIN_OPSET, PARSERS, ImportContext, onnx_dtype
+from fusegraph.onnx.functions import expand_functions
 from fusegraph.onnx.validate import validate_model
 from fusegraph.onnx.loader import load_model
 from fusegraph.ops.source import add_literal, add_param
@@ -38,9 +40,14 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     """
     model = load_model(source)
     validate_model(model, input_dims)
+    try:
+        opset = _opset(model)
+    except ParseError:
+        _check_supported(model.graph)  # unsupported ops are reported first
+        raise
+    model, body_opsets = expand_functions(model, opset, PARSERS.__contains__)
     graph = model.graph
     _check_supported(graph)
-    opset = _opset(model)
     program = Program()
     module = program.main
     ctx = ImportContext(module, opset)
@@ -64,6 +71,7 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
         if not node.name:
             node.name = f"{node.op_type}_{k}"
         ctx.node = node
+        ctx.opset = body_opsets.get(node.name, opset)
         args = []
         for name in node.input:
             if not name:
