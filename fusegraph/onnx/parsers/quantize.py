@@ -46,8 +46,13 @@ def quantize(ctx: ImportContext, x: Instruction, scale: Instruction, zero: Instr
     """saturate(round(x / scale) + zero) in `target`, computed in float32."""
     f32 = DType.float32
     q = ctx.add(make_op("round"), [binary(ctx, "div", ctx.convert(x, f32), ctx.convert(scale, f32))])
+    return saturate(ctx, q, zero, target)
+
+
+def saturate(ctx: ImportContext, q: Instruction, zero: Instruction | None, target: DType) -> Instruction:
+    """q + zero (float32, already rounded) clipped to `target`'s range and converted to it."""
     if zero is not None:
-        q = binary(ctx, "add", q, ctx.convert(zero, f32))
+        q = binary(ctx, "add", q, ctx.convert(zero, DType.float32))
     info = np.iinfo(target.numpy)
     lo, hi = (ctx.literal(np.array(b, np.float32)) for b in (info.min, info.max))
     return ctx.convert(ctx.add(pw.Clip(), ctx.broadcast(q, lo, hi)), target)
