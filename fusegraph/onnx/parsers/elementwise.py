@@ -208,6 +208,23 @@ def parse_swish(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
     return binary(ctx, "mul", x, ctx.add(make_op("sigmoid"), [scaled]))
 
 
+@onnx_op("BitCast")
+def parse_bitcast(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Same-size reinterpretation only; bool stores one byte per value, so bool <-> uint8 and
+    int8 reinterpret as a conversion (ONNX Runtime reads a nonzero byte as true)."""
+    x = ins[0]
+    assert x is not None
+    target = onnx_dtype(ctx.attr("to", 0), ctx.where)
+    source = x.shape.dtype
+    if source == target:
+        return x
+    if DType.bool in (source, target) and {source, target} <= {DType.bool, DType.uint8, DType.int8}:
+        return ctx.convert(x, target)
+    if source.itemsize != target.itemsize or DType.bool in (source, target):
+        raise ctx.error(f"reinterpreting {source} as {target} changes the element size: not supported")
+    return ctx.add(pw.BitCast(target), [x])
+
+
 @onnx_op("CastLike")
 def parse_cast_like(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x, like = ins[0], ins[1]

@@ -191,6 +191,17 @@ def _convert(op: Op, x: Operands) -> str:
     return f"{x.codes[0]}.to({TRITON_TYPES[compute_type(x.out)]})"
 
 
+spell("bitcast")  # the types come from the operand and the result: its one case below
+
+
+@case("bitcast")
+def _bitcast(op: Op, x: Operands) -> str:
+    """Half types are computed in fp32: back to the stored type first (exact), reinterpreted,
+    and the result widened again if it is a half type."""
+    code = f"{x.codes[0]}.to({TRITON_TYPES[x.first]}).to({TRITON_TYPES[x.out]}, bitcast=True)"
+    return code if compute_type(x.out) == x.out else f"{code}.to({TRITON_TYPES[compute_type(x.out)]})"
+
+
 @case("div")
 def _integer_div(op: Op, x: Operands) -> str | None:
     return f"({x.codes[0]} // {x.codes[1]})" if x.first.is_integer else None
