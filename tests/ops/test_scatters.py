@@ -1,6 +1,7 @@
-"""ScatterElements and ScatterND against ONNX Runtime: indices fixed at import (negative and
-repeated ones, every reduction), data and updates at run time, on the reference target
-unfused and fused and on the gpu target under the interpreter; bad indices are refused."""
+"""ScatterElements, ScatterND and Col2Im (a scatter-add by the window geometry) against ONNX
+Runtime: indices fixed at import (negative and repeated ones, every reduction), data and
+updates at run time, on the reference target unfused and fused and on the gpu target under the
+interpreter; bad indices are refused."""
 
 from __future__ import annotations
 
@@ -74,3 +75,22 @@ def test_gpu_scatters(reduction):
     rng = np.random.default_rng()
     check_gpu(*elements_case(rng, 1, reduction))
     check_gpu(*nd_case(rng, 2, reduction))
+
+
+def col2im_case(rng, pads, strides, dilations):
+    image, block = [5, 6], [2, 3]
+    counts = [(image[d] + pads[d] + pads[d + 2] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1 for d in range(2)]
+    x = rng.standard_normal((2, 3 * 6, counts[0] * counts[1])).astype(np.float32)
+    node = helper.make_node("Col2Im", ["x", "im", "bl"], ["y"], pads=pads, strides=strides, dilations=dilations)
+    consts = {"im": np.array(image, np.int64), "bl": np.array(block, np.int64)}
+    return model_of([node], {"x": x}, ["y"], consts), {"x": x}
+
+
+@pytest.mark.parametrize("pads,strides,dilations", [([0, 0, 0, 0], [1, 1], [1, 1]), ([1, 0, 1, 2], [2, 1], [1, 2])])
+def test_col2im(pads, strides, dilations):
+    check_ref(*col2im_case(np.random.default_rng(), pads, strides, dilations))
+
+
+@needs_gpu_target
+def test_gpu_col2im():
+    check_gpu(*col2im_case(np.random.default_rng(), [1, 0, 1, 2], [2, 1], [1, 2]))

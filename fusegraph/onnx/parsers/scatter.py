@@ -31,17 +31,19 @@ def _indices(ctx: ImportContext, idx: Instruction | None) -> np.ndarray:
 
 
 def _layers(dest: np.ndarray, size: int, keep_last: bool) -> list[np.ndarray]:
-    """For each write round k, the update element each data element takes (-1: none)."""
-    order = np.argsort(dest, kind="stable")
+    """For each write round k, the update element each data element takes (-1: none); update
+    elements with a negative destination write nothing."""
+    written = np.flatnonzero(dest >= 0)
+    order = written[np.argsort(dest[written], kind="stable")]
     sorted_dest = dest[order]
     starts = np.searchsorted(sorted_dest, sorted_dest, side="left")
-    rank = np.arange(dest.size) - starts  # how many earlier writes hit the same element
+    rank = np.arange(order.size) - starts  # how many earlier writes hit the same element
     if keep_last:
         last = np.full(size, -1, np.int64)
         last[sorted_dest] = order  # later writes overwrite earlier ones
         return [last]
     layers = []
-    for k in range(int(rank.max()) + 1 if dest.size else 0):
+    for k in range(int(rank.max()) + 1 if order.size else 0):
         src = np.full(size, -1, np.int64)
         pick = rank == k
         src[sorted_dest[pick]] = order[pick]
@@ -49,12 +51,15 @@ def _layers(dest: np.ndarray, size: int, keep_last: bool) -> list[np.ndarray]:
     return layers
 
 
-def scatter(ctx: ImportContext, data: Instruction, updates: Instruction, dest: np.ndarray) -> Instruction:
-    """`data` with update element j written to flat data position dest[j] (see the module)."""
+def scatter(ctx: ImportContext, data: Instruction, updates: Instruction, dest: np.ndarray,
+            reduction: str | None = None) -> Instruction:
+    """`data` with update element j written to flat data position dest[j] (none where it is
+    negative), combined by `reduction` (default: the node's attribute; see the module)."""
     if updates.shape.dtype != data.shape.dtype:
         raise ctx.error(f"updates are {updates.shape.dtype}, data {data.shape.dtype}")
-    reduction = ctx.check_attr("reduction", ctx.attr("reduction", "none"), ["none", *_COMBINE])
-    if dest.size == 0:
+    if reduction is None:
+        reduction = ctx.check_attr("reduction", ctx.attr("reduction", "none"), ["none", *_COMBINE])
+    if not np.any(dest >= 0):
         return data
     flat = ctx.add(v.Reshape([updates.shape.elements]), [updates])
     result = data
@@ -103,3 +108,35 @@ def parse_scatter_nd(ctx: ImportContext, ins: list[Instruction | None]) -> Instr
     starts = np.ravel_multi_index(tuple(idx.T), data.shape.lens[:k]) * block if k else np.zeros(len(idx), np.int64)
     dest = (starts[:, None] + np.arange(block)[None, :]).reshape(-1)
     return scatter(ctx, data, updates, dest)
+
+
+@onnx_op("Col2Im")
+def parse_col2im(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Columns [N, C * prod(block), L] summed back into an image [N, C, *image]: a scatter-add
+    whose destinations follow from the window geometry alone."""
+    x = ins[0]
+    assert x is not None
+    image = [int(d) for d in ctx.require_const(ins[1], "the image shape").reshape(-1)]
+    block = [int(d) for d in ctx.require_const(ins[2], "the block shape").reshape(-1)]
+    k = len(image)
+    strides, dilations = ctx.attr("strides", [1] * k), ctx.attr("dilations", [1] * k)
+    pads = ctx.attr("pads", [0] * 2 * k)
+    taps = int(np.prod(block))
+    if len(block) != k or x.shape.ndim != 3 or x.shape.lens[1] % taps:
+        raise ctx.error(f"input {list(x.shape.lens)} does not hold columns of blocks {block} for an image {image}")
+    n, c = x.shape.lens[0], x.shape.lens[1] // taps
+    counts = [(image[d] + pads[d] + pads[d + k] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1 for d in range(k)]
+    if int(np.prod(counts)) != x.shape.lens[2]:
+        raise ctx.error(f"{x.shape.lens[2]} columns, but the window fits {counts} times")
+    tap = np.indices(block).reshape(k, -1)  # [k, taps]
+    where = np.indices(counts).reshape(k, -1)  # [k, L]
+    pos = (where[:, None, :] * np.array(strides)[:, None, None] - np.array(pads[:k])[:, None, None]
+           + tap[:, :, None] * np.array(dilations)[:, None, None])  # [k, taps, L]
+    inside = np.all((pos >= 0) & (pos < np.array(image)[:, None, None]), axis=0)
+    pixel = np.ravel_multi_index(tuple(np.clip(pos, 0, np.array(image)[:, None, None] - 1)), image)
+    pixel = np.where(inside, pixel, -1)  # [taps, L]
+    size = int(np.prod(image))
+    batch = (np.arange(n)[:, None, None, None] * c + np.arange(c)[None, :, None, None]) * size
+    dest = np.where(pixel[None, None] >= 0, batch + pixel[None, None], -1).reshape(-1)
+    zeros = ctx.add(v.MultiBroadcast([n, c, *image]), [ctx.literal(np.zeros((), x.shape.dtype.numpy))])
+    return scatter(ctx, zeros, x, dest, "add")
