@@ -253,16 +253,18 @@ def parse_identity(ctx: ImportContext, ins: list[Instruction | None]) -> Instruc
 
 @onnx_op("Dropout")
 def parse_dropout(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
-    """Inference mode only: the data passes through and the mask is all true. Before opset 7
-    `is_test=1` asks for inference mode; `ratio` matters only in training."""
+    """Inference mode only (or training with ratio 0, which drops nothing): the data passes
+    through and the mask is all true. Before opset 7 `is_test=1` asks for inference mode."""
     x = ins[0]
     assert x is not None
     if ctx.opset < 7 and not ctx.attr("is_test", 0):
         raise ctx.error("is_test=0 (training: drops elements at random) is not supported "
                         "(fusegraph compiles for inference; export with is_test=1)")
     training = ctx.require_const(ins[2], "training_mode") if len(ins) > 2 and ins[2] is not None else None
-    if training is not None and bool(training):
-        raise ctx.error("training_mode=true is not supported (fusegraph compiles for inference)")
+    if training is not None and bool(training) and not (
+            len(ins) > 1 and ins[1] is not None and float(ctx.require_const(ins[1], "ratio")) == 0.0):
+        raise ctx.error("training_mode=true is not supported (fusegraph compiles for inference), "
+                        "except with ratio 0, which drops nothing")
     mask = ctx.add(make_op("multibroadcast", out_lens=x.shape.lens), [ctx.literal(np.array(True))])
     return [x, mask]
 
