@@ -53,6 +53,10 @@ def _instantiate(node: NodeProto, body: FunctionProto, defaults: dict[str, Attri
     names = {formal: actual for formal, actual in zip(body.input, node.input)}
     names.update({formal: actual for formal, actual in zip(body.output, node.output) if actual})
     attrs = {**defaults, **{a.name: a for a in node.attribute}}
+
+    def rename(x: str) -> str:
+        return names.get(x, prefix + x) if x else ""
+
     out = []
     for k, inner in enumerate(body.node):
         n = NodeProto()
@@ -61,8 +65,8 @@ def _instantiate(node: NodeProto, body: FunctionProto, defaults: dict[str, Attri
         n.ClearField("input")
         n.ClearField("output")
         n.ClearField("attribute")
-        n.input.extend(names.get(x, prefix + x) if x else "" for x in inner.input)
-        n.output.extend(names.get(x, prefix + x) if x else "" for x in inner.output)
+        n.input.extend(rename(x) for x in inner.input)
+        n.output.extend(rename(x) for x in inner.output)
         for a in inner.attribute:
             if a.ref_attr_name:
                 if a.ref_attr_name in attrs:
@@ -72,8 +76,24 @@ def _instantiate(node: NodeProto, body: FunctionProto, defaults: dict[str, Attri
                     n.attribute.append(ref)
             else:
                 n.attribute.append(a)
+                if a.type == AttributeProto.GRAPH:
+                    _rename_graph(n.attribute[-1].g, rename)
         out.append(n)
     return out
+
+
+def _rename_graph(graph: onnx.GraphProto, rename: Callable[[str], str]) -> None:
+    """Rename every value of a body's subgraph (an If branch) as the body's own values are."""
+    for value in (*graph.input, *graph.output):
+        value.name = rename(value.name)
+    for t in graph.initializer:
+        t.name = rename(t.name)
+    for n in graph.node:
+        n.input[:] = [rename(x) for x in n.input]
+        n.output[:] = [rename(x) for x in n.output]
+        for a in n.attribute:
+            if a.type == AttributeProto.GRAPH:
+                _rename_graph(a.g, rename)
 
 
 def _schema_defaults(node: NodeProto, opset: int) -> dict[str, AttributeProto]:

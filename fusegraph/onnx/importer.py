@@ -16,10 +16,10 @@ import onnx
 from onnx import numpy_helper
 
 from fusegraph.errors import FusegraphError, ParseError, UnsupportedOpError
-from fusegraph.ir.program import Program
+from fusegraph.ir.program import Instruction, Program
 from fusegraph.ir.shape import Shape
 from fusegraph.onnx import parsers  # noqa: F401  (registers the parsers)
-from fusegraph.onnx.context import MIN_OPSET, PARSERS, ImportContext, onnx_dtype
+from fusegraph.onnx.context import MIN_OPSET, PARSERS, ImportContext, onnx_dtype, onnx_op
 from fusegraph.onnx.functions import expand_functions
 from fusegraph.onnx.validate import validate_model
 from fusegraph.onnx.loader import load_model
@@ -70,29 +70,8 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     for k, node in enumerate(graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{k}"
-        ctx.node = node
         ctx.opset = body_opsets.get(node.name, opset)
-        args = []
-        for name in node.input:
-            if not name:
-                args.append(None)
-            elif name not in ctx.values:
-                raise ParseError(f"{ctx.where}: input {name!r} is not produced by any earlier node or graph input")
-            else:
-                args.append(ctx.values[name])
-        try:
-            result = PARSERS[node.op_type](ctx, args)
-        except FusegraphError:
-            raise
-        except (ValueError, TypeError, IndexError, AssertionError) as e:
-            raise ParseError(f"{ctx.where}: {e or type(e).__name__}") from None
-        outs = result if isinstance(result, list) else [result]
-        for name, ins in zip(node.output, outs):
-            if name:
-                ctx.values[name] = ins
-        missing = [n for n in node.output[len(outs):] if n]
-        if missing:
-            raise ParseError(f"{ctx.where}: output(s) {', '.join(missing)} are not supported")
+        _import_node(ctx, node)
     ctx.node = None
     returns = []
     for out in graph.output:
@@ -105,6 +84,55 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     return program
 
 
+def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> None:
+    """Parse one node: its inputs from `ctx.values`, its outputs into them."""
+    ctx.node = node
+    args = []
+    for name in node.input:
+        if not name:
+            args.append(None)
+        elif name not in ctx.values:
+            raise ParseError(f"{ctx.where}: input {name!r} is not produced by any earlier node or graph input")
+        else:
+            args.append(ctx.values[name])
+    try:
+        result = PARSERS[node.op_type](ctx, args)
+    except FusegraphError:
+        raise
+    except (ValueError, TypeError, IndexError, AssertionError) as e:
+        raise ParseError(f"{ctx.where}: {e or type(e).__name__}") from None
+    outs = result if isinstance(result, list) else [result]
+    for name, ins in zip(node.output, outs):
+        if name:
+            ctx.values[name] = ins
+    missing = [n for n in node.output[len(outs):] if n]
+    if missing:
+        raise ParseError(f"{ctx.where}: output(s) {', '.join(missing)} are not supported")
+
+
+@onnx_op("If")
+def parse_if(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
+    """An If whose condition is known at import is the branch it takes, read in place."""
+    node = ctx.node
+    assert node is not None
+    cond = ctx.require_const(ins[0], "the If condition").reshape(-1)
+    if cond.size != 1:
+        raise ctx.error(f"the condition must hold one value, got {cond.size}")
+    branch = ctx.attr("then_branch" if bool(cond[0]) else "else_branch")
+    if not isinstance(branch, onnx.GraphProto):
+        raise ctx.error("missing attribute then_branch or else_branch")
+    for t in branch.initializer:
+        ctx.values[t.name] = ctx.literal(numpy_helper.to_array(t))
+    for k, inner in enumerate(branch.node):
+        inner.name = f"{node.name}/{inner.name or inner.op_type + '_' + str(k)}"
+        _import_node(ctx, inner)
+    ctx.node = node
+    missing = [o.name for o in branch.output if o.name not in ctx.values]
+    if missing:
+        raise ctx.error(f"branch output(s) {', '.join(missing)} are not produced")
+    return [ctx.values[o.name] for o in branch.output]
+
+
 def _opset(model: onnx.ModelProto) -> int:
     versions = {o.domain: o.version for o in model.opset_import}
     opset = versions.get("", versions.get("ai.onnx", 0))
@@ -114,9 +142,21 @@ def _opset(model: onnx.ModelProto) -> int:
     return opset
 
 
+def _branch_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The graph's nodes and those of every If branch in it, which are read in place."""
+    out = []
+    for node in graph.node:
+        out.append(node)
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    out += _branch_nodes(a.g)
+    return out
+
+
 def _check_supported(graph: onnx.GraphProto) -> None:
     bad: dict[str, list[str]] = {}
-    for k, node in enumerate(graph.node):
+    for k, node in enumerate(_branch_nodes(graph)):
         op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
         if op not in PARSERS:
             bad.setdefault(op, []).append(node.name or f"{node.op_type}_{k}")
