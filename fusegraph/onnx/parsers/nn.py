@@ -15,6 +15,7 @@ from fusegraph.ops import views as v
 from fusegraph.ops.base import make_op
 from fusegraph.onnx.context import ImportContext, onnx_op, prod
 from fusegraph.onnx.parsers.elementwise import binary
+from fusegraph.onnx.parsers.resample import resample
 
 
 def _window_pads(ctx: ImportContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
@@ -524,7 +525,7 @@ def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
     op = movement.Resize(out, scales, mode, coord, nearest_mode,
                          ctx.attr("cubic_coeff_a", -0.75), bool(ctx.attr("exclude_outside", 0)))
     ctx.check_attr("nearest_mode", op.nearest_mode, ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
-    return ctx.add(op, [x])
+    return resample(ctx, x, op)
 
 
 @onnx_op("Pad")
