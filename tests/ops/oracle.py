@@ -47,10 +47,11 @@ def _compare(got: dict, want: Sequence[np.ndarray], names: Sequence[str], rtol: 
 
 def check_ref(model: onnx.ModelProto, inputs: dict[str, np.ndarray], rtol: float = 1e-5,
               atol: float = 1e-6) -> list[np.ndarray]:
-    """ONNX Runtime's outputs, matched by the reference target unfused and fused; returns them."""
+    """ONNX Runtime's outputs, matched by the reference target unfused and fused; returns them.
+    The program is read for the inputs' shapes (a declared 0 would otherwise read as unknown)."""
     want = ort_run(model, inputs)
     names = [o.name for o in model.graph.output]
-    program = parse_onnx(model)
+    program = parse_onnx(model, input_dims={k: v.shape for k, v in inputs.items()})
     _compare(run_program(program, inputs), want, names, rtol, atol)
     fuse(program)
     _compare(run_program(program, inputs), want, names, rtol, atol)
@@ -62,6 +63,6 @@ def check_gpu(model: onnx.ModelProto, inputs: dict[str, np.ndarray], rtol: float
     """ONNX Runtime's outputs, matched by the gpu target (every kernel's buffers NaN-poisoned)."""
     want = ort_run(model, inputs)
     names = [o.name for o in model.graph.output]
-    compiled = api.compile(parse_onnx(model), "gpu", tune=False)
+    compiled = api.compile(parse_onnx(model, input_dims={k: v.shape for k, v in inputs.items()}), "gpu", tune=False)
     compiled.poison()
     _compare(compiled.run(inputs), want, names, rtol, atol)
