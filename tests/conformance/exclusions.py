@@ -27,9 +27,6 @@ EXCLUDED: dict[str, str] = {
     # against the reference's 4.9e-4), but 2 of 192 outputs differ from it by 2 float16 ULPs, above
     # rtol=1e-3. ONNX Runtime's output differs from it by the same 4.9e-4, just at other elements.
     "test_attention_4d_causal_fp16_expanded": "float16 rounding: 2 of 192 outputs 2 ULPs from onnx's per-op-rounded reference (ours is closer to exact)",
-    # The same model read through Attention's function body (onnx/functions.py): the same
-    # outputs, 3.96e-4 from the exact result against onnx's 4.91e-4.
-    "test_attention_4d_causal_fp16": "float16 rounding: 2 of 192 outputs 2 ULPs from onnx's per-op-rounded reference (ours is closer to exact), as its _expanded twin",
 }
 
 #: excluded cases whose outcome depends on the host's BLAS (NumPy's matmul sums in an order
