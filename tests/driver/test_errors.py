@@ -121,3 +121,21 @@ def test_cli_bad_input_file(tmp_path, capsys):
     np.save(tmp_path / "x.npy", rand(5))
     assert main(["run", str(path), "--input", f"x={tmp_path / 'x.npy'}"]) == 2
     assert "input 'x' has shape [5], expected [2, 3]" in capsys.readouterr().err
+
+
+def test_cli_run_time_gather_index_out_of_range_names_the_node(tmp_path, capsys):
+    """A token id past the embedding table is a run-time input error naming the node, not an
+    IndexError traceback from NumPy."""
+    from onnx import TensorProto, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"], name="embed_tokens")], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rand(10, 4), "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    np.save(tmp_path / "ids.npy", np.array([1, 12, 3], np.int64))
+    assert main(["run", str(path), "--input", f"ids={tmp_path / 'ids.npy'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fusegraph: error: node embed_tokens: gather index out of range [-10, 10)" in err
