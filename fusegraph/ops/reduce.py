@@ -143,6 +143,42 @@ class Softmax(Op):
 
 
 @register
+class SegmentSoftmax(Op):
+    """Softmax (or log-softmax) over aligned runs of `length` elements along `axis`.
+
+    The form a softmax takes inside an anchor's epilogue (`passes/reduction_epilogue.py`): the
+    epilogue computes in the anchor's index space, where the softmax's axis is the channel
+    index modulo `length` (a head of 64 in a 192-wide product), so each run lies in one tile
+    of output channels and the kernel reduces it across the tile's columns."""
+
+    name = "segment_softmax"
+    kind = OpKind.REDUCE
+    algorithm = "segment_softmax"
+    in_epilogue = True
+
+    def __init__(self, axis: int, length: int, log: bool = False) -> None:
+        super().__init__(axis=int(axis), length=int(length), log=bool(log))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return (self.axis,)
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        require(0 <= self.axis < x.ndim, f"segment_softmax axis {self.axis} out of range for rank {x.ndim}")
+        require(self.length > 0 and x.lens[self.axis] % self.length == 0,
+                f"runs of {self.length} do not divide axis {self.axis} of {list(x.lens)}")
+        require(x.dtype.is_float, f"softmax needs a float input, got {x.dtype}")
+        return x.as_standard()
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0]
+        lens = list(x.shape)
+        runs = lens[:self.axis] + [lens[self.axis] // self.length, self.length] + lens[self.axis + 1:]
+        out = Softmax(self.axis + 1, self.log).reference([x.reshape(runs)])
+        return out.reshape(lens)
+
+
+@register
 class LayerNorm(Op):
     """(x - mean) / sqrt(var + eps) * scale + bias over the axes from `axis` to the end.
 

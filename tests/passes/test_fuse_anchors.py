@@ -60,9 +60,10 @@ def test_a_conv_takes_its_pointwise_and_transpose_epilogue():
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 
-def test_an_epilogue_stops_at_a_value_computed_from_the_anchor_elsewhere():
+def test_an_anchor_read_elsewhere_is_a_further_output_of_its_group():
     """relu(c) + broadcast(reduce_sum(c)): the add would read a value that needs the anchor's
-    whole output first, and the anchor is read outside the group, so the conv fuses alone."""
+    whole output first, so the epilogue stops at the relu; the anchor, also read by the
+    reduction, is the group's second stored value."""
     def build() -> Program:
         p = Program()
         m = p.main
@@ -75,8 +76,11 @@ def test_an_epilogue_stops_at_a_value_computed_from_the_anchor_elsewhere():
 
     before, after = build(), build()
     assert FuseAnchors().apply(after.main)
-    assert op_names(after.main) == ["@param", "@literal", "fused", "relu", "reduce_sum", "multibroadcast", "add"]
-    assert after.main.instructions[2].op.attrs["kernel"] == "conv"
+    assert op_names(after.main) == ["@param", "@literal", "fused", "fused_output", "reduce_sum", "multibroadcast", "add"]
+    assert printed(after.main)[3:5] == [
+        "@2 = conv_relu[module=fused0](@0,@1) -> float_type, {1, 3, 3, 3}, {27, 9, 3, 1}",
+        "@3 = fused_output[index=1](@2) -> float_type, {1, 3, 3, 3}, {27, 9, 3, 1}"]
+    assert printed(after.main)[5] == "@4 = reduce_sum[axes={1}](@3) -> float_type, {1, 1, 3, 3}, {9, 9, 3, 1}"
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 

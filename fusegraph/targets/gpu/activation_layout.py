@@ -30,10 +30,8 @@ def choose_activation_layouts(main: Module, plan: MemoryPlan) -> None:
     for ins in main:
         if not is_fused(ins) or not _is_conv2d(find_anchor(ins)):
             continue
-        for x in [ins, *ins.inputs]:
-            b = plan.of.get(id(x))
-            if b is not None and b.kind == BufferKind.ARENA and b.shape.ndim == 4:
-                wanted.add(b.id)
+        touched = [plan.of.get(id(x)) for x in [ins, *ins.inputs]] + plan.further.get(id(ins), [])
+        wanted |= {b.id for b in touched if b is not None and b.kind == BufferKind.ARENA and b.shape.ndim == 4}
     values: dict[int, list[Instruction]] = {}
     for ins in main:
         b = plan.of.get(id(ins))

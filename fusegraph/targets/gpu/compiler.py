@@ -90,7 +90,7 @@ def _plan_scratch(plan: MemoryPlan, sources: list[KernelSource]) -> None:
 def _kernels(fused: list[Instruction], sources: list[KernelSource], plan: MemoryPlan, interpret: bool,
              progress: Callable[[str, int, int], None] | None) -> list[Kernel]:
     """One loaded kernel per fused instruction, its arguments resolved to buffers of the plan:
-    "out" is the instruction's own buffer, a planned scratch buffer's name that buffer, "x<n>"
+    "out" is the instruction's own buffer, "out<k>" its k-th further output's, a planned scratch buffer's name that buffer, "x<n>"
     the buffer of the instruction's n-th input (codegen.kernel_inputs names them so)."""
     kernels: list[Kernel] = []
     for pos, (ins, src) in enumerate(zip(fused, sources)):
@@ -107,6 +107,8 @@ def _kernels(fused: list[Instruction], sources: list[KernelSource], plan: Memory
 def _arg_buffer(arg: str, ins: Instruction, plan: MemoryPlan) -> Buffer:
     if arg == "out":
         return plan.of[id(ins)]
+    if arg.startswith("out") and arg[3:].isdigit():  # a further output (fused_output)
+        return plan.further[id(ins)][int(arg[3:]) - 1]
     if arg in plan.scratch:
         return plan.scratch[arg]
     if arg.startswith("x") and arg[1:].isdigit():

@@ -13,6 +13,7 @@ from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import KernelInputs
 from fusegraph.targets.gpu.templates.gemm_configs import gemm_configs
 from fusegraph.targets.gpu.templates.gemm_emit import GemmEmitter
+from fusegraph.targets.gpu.templates.gemm_reduce import run_length
 from fusegraph.targets.gpu.templates.gemm_spec import channel_period, gemm_spec, split_by_period
 from fusegraph.targets.gpu.templates.registry import lowers
 
@@ -22,7 +23,7 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
                 allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
     """The kernel of fused group `module` around product anchor `anchor`."""
     spec = gemm_spec(anchor)
-    period = channel_period(module, anchor, spec)
+    period = run_length(module) or channel_period(module, anchor, spec)  # a softmax's run is one tile
     if period:
         split_by_period(spec, period)
     tile = max(16, 1 << (period - 1).bit_length()) if period else 0

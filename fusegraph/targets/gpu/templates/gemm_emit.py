@@ -2,7 +2,8 @@
 
 Both operands are read through their prologues at the spec's indices (`gemm_spec.py`); the
 epilogue runs on the accumulator tile at the output index and stores through the group's maps:
-into a transposed layout, a slice of a concat, or the detection head's [1, 25200, 85] rows.
+into a transposed layout, a slice of a concat, or the detection head's [1, 25200, 85] rows;
+a softmax over runs of output channels reduces across the tile there (`gemm_reduce.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
+from fusegraph.targets.gpu.templates.gemm_reduce import emit_segment_softmax, run_length
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
 
@@ -31,15 +33,15 @@ class Columns:
 def stored_width(module: Module, out_index: Index, tile: int) -> int:
     """How many of a period tile's first columns the epilogue stores: the detection head's
     anchors are padded to 128 channels (`pad_channel_groups`) of which its stores keep 85."""
-    (ins,) = module.returns
     widths = []
-    while is_store(ins):  # a chain of stores: the pieces of a concat
-        width = tile
-        for x, _, hi in KernelWriter.domain_ranges(ins, out_index):
-            if isinstance(x, Var) and x.name == "rn":
-                width = min(width, hi)
-        widths.append(width)
-        ins = ins.inputs[0]
+    for ins in module.returns:
+        while is_store(ins):  # a chain of stores: the pieces of a concat
+            width = tile
+            for x, _, hi in KernelWriter.domain_ranges(ins, out_index):
+                if isinstance(x, Var) and x.name == "rn":
+                    width = min(width, hi)
+            widths.append(width)
+            ins = ins.inputs[0]
     return max(widths, default=tile)
 
 
@@ -67,7 +69,10 @@ class GemmEmitter:
             raise CodegenError(f"{anchor.op.name} on {dtype} has no GPU template (floating point only)")
         self.module, self.anchor, self.spec, self.kernel, self.dtype = module, anchor, spec, kernel, dtype
         self.acc_of: dict[int, str] = {}  # epilogue tile -> the accumulator it reads
+        self.width_of: dict[int, str] = {}  # epilogue tile -> its width (code)
         self.w = KernelWriter(module, inputs, {id(anchor): self._acc_value})
+        self.w.tile_reduction = lambda ins, tile, index, mask: emit_segment_softmax(
+            self.w, ins, tile, index, mask, self.width_of[id(tile)])
         self.a_in, self.b_in = anchor.inputs
         self.w.raw_loads = {id(x) for x in anchor.inputs if is_load(x)}
         self.a_masked = is_load(self.a_in) and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
@@ -106,7 +111,7 @@ class GemmEmitter:
         n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
         whole = [Columns("acc", "rn", "BN", n_bound)]
         pieces = []
-        if period and self.dtype != DType.float64:
+        if period and self.dtype != DType.float64 and not run_length(self.module):  # a run needs the whole tile
             pieces = column_pieces(stored_width(self.module, spec.out_index, tile), tile)
         if not pieces:
             self.product(whole, split=True)
@@ -174,12 +179,13 @@ class GemmEmitter:
         return f"tl.broadcast_to({self.w.value(self.b_in, tb, self.spec.b_index)}, [BK, {b.width}]).to({self.operand})"
 
     def _epilogue(self, blocks: list[Columns]) -> None:
-        (ret,) = self.module.returns
         for b in blocks:
             te = Tile({"rm": "rm[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "nq": "pid_n"},
                       {"rm": self.m_bound, "rn": b.bound})
             self.acc_of[id(te)] = b.acc
-            self.w.store(ret, te, self.spec.out_index, ("last",))
+            self.width_of[id(te)] = b.width
+            for ret in self.module.returns:  # the group's value, then its further outputs
+                self.w.store(ret, te, self.spec.out_index, ("last",))
 
 
 def split_k_fixup(w: KernelWriter) -> None:

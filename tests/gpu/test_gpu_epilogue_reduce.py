@@ -1,0 +1,76 @@
+"""Epilogues that store more than one value, under Triton's interpreter (or on a GPU).
+
+Each model is compiled for the gpu target, every buffer poisoned with NaN, and every output
+compared with the NumPy ref target on fresh random inputs, in fp32 and fp16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.gpu.test_gpu_kernels import check_gpu, node
+from tests.helpers import make_model, rand
+from tests.passes.test_multi_output_groups import residual_model
+
+HALF_TOL = 3e-3  # fp16 storage of fp32-computed values
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_conv_kernel_stores_its_residual_and_its_activation(fp16):
+    c = check_gpu(residual_model(), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert [k.src.kernel_name for k in c.kernels] == ["conv_add_relu", "conv_add"]
+    assert c.kernels[0].src.args[-4:] == ["out", "out1", "ws", "cnt"]
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_pooling_and_a_reduction_kernel_store_two_values(fp16):
+    """max pool -> relu, the pool also returned; softmax -> exp, the softmax also returned."""
+    m = make_model([node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]), node("Relu", ["p"], ["r"]),
+                    node("Softmax", ["x"], ["s"], axis=-1), node("Exp", ["s"], ["e"])],
+                   {"x": [1, 3, 6, 8]}, ["r", "p", "e", "s"])
+    c = check_gpu(m, tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert sorted(k.src.kernel_name for k in c.kernels) == ["pool_relu", "softmax_exp"]
+    assert all("out1" in k.src.args for k in c.kernels)
+
+
+def head_model(n: int, split: list[int], perm: list[int], log: bool = False):
+    """MatMul + bias -> reshape -> transpose -> (log-)softmax over the last axis."""
+    return make_model([node("MatMul", ["x", "w"], ["g"]), node("Add", ["g", "b"], ["a"]),
+                       node("Reshape", ["a", "shape"], ["r"]), node("Transpose", ["r"], ["t"], perm=perm),
+                       node("LogSoftmax" if log else "Softmax", ["t"], ["y"], axis=-1)],
+                      {"x": [1, 12, 32]}, ["y"],
+                      {"w": rand(32, n, seed=1), "b": rand(n, seed=2), "shape": np.array(split, np.int64)})
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_softmax_over_64_wide_heads_is_one_product_kernel(fp16):
+    c = check_gpu(head_model(192, [1, 12, 3, 64], [0, 2, 1, 3]), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert [k.src.kernel_name for k in c.kernels] == ["dot_add_reshape_transpose_softmax"]
+    assert {cfg["BN"] for cfg in c.kernels[0].src.configs} == {64}  # one tile is one head
+    assert "tl.max(" in c.kernels[0].src.source and "tl.sum(" in c.kernels[0].src.source
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_log_softmax_over_a_padded_row_leaves_the_padding_out(fp16):
+    """100 columns in a tile of 128: the 28 padding lanes must not reach the max or the sum."""
+    c = check_gpu(head_model(100, [1, 12, 100], [0, 1, 2], log=True), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert [k.src.kernel_name for k in c.kernels] == ["dot_add_softmax"]  # the views are identities
+    assert {cfg["BN"] for cfg in c.kernels[0].src.configs} == {128}
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_softmax_over_a_convolutions_channels_is_its_epilogue(fp16):
+    from tests.passes.test_reduction_epilogue import conv_softmax_model
+
+    c = check_gpu(conv_softmax_model(), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert [k.src.kernel_name for k in c.kernels] == ["conv_add_softmax"]
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_yolov8s_dfl_tail_with_its_softmax_in_the_head_conv(fp16):
+    from tests.passes.test_reduction_epilogue import dfl_model
+
+    c = check_gpu(dfl_model(), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert c.kernels[0].src.kernel_name == "conv_add_reshape_transpose_softmax"
+    assert {cfg["BN"] for cfg in c.kernels[0].src.configs} == {16}  # one tile is one box side's 16 bins
