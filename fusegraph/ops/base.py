@@ -19,7 +19,7 @@ template, its spelling there):
 * `concatenates` (concat): its inputs lie end to end along its `axis`.
 * reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
   and finalize as target-neutral scalar ops; `in_epilogue` for a reduction that an anchor's
-  epilogue computes (over runs of its output channels).
+  epilogue computes (over runs of its output channels, or over each sample's pixels).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class Op:
     # reductions
     algorithm: ClassVar[str] = ""  # how the reduction template computes it: fold, softmax, layernorm, arg
     reduction: ClassVar[Reduction | None] = None  # for algorithm "fold"
-    in_epilogue: ClassVar[bool] = False  # a reduction computed inside an anchor's epilogue (segment_softmax)
+    in_epilogue: ClassVar[bool] = False  # a reduction computed inside an anchor's epilogue (segment_softmax, epilogue_sum)
 
     def __init__(self, **attrs: Any) -> None:
         self.attrs: dict[str, Any] = {k: _freeze(v) for k, v in attrs.items()}

@@ -5,7 +5,8 @@ output is invertible (Hidet's rule): pointwise ops (their other operands are sid
 through their own view chains), bijective views (reshape, transpose, depth_to_space, ...),
 unit-step slices (a split: each branch keeps a domain, the part of the anchor's output it
 covers) and concats of branches of the same group; and a softmax whose runs lie within tiles
-of the anchor's output channels (`reduction_epilogue.py`). Each tensor of the epilogue is a list of
+of the anchor's output channels, or a sum or mean over a convolution's pixels
+(`reduction_epilogue.py`). Each tensor of the epilogue is a list of
 pieces: where an anchor-output index lands in it, on which domain, with which value. The
 group's output is stored through those maps, so the kernel writes the final layout directly.
 
@@ -24,7 +25,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
-from fusegraph.passes.reduction_epilogue import segment_softmax
+from fusegraph.passes.reduction_epilogue import pixel_reduction, segment_fold, segment_softmax
 from fusegraph.passes.rewrite import rewrite_each
 
 
@@ -54,7 +55,7 @@ class _Epilogue:
         return False
 
     def absorb(self, ins: Instruction) -> list[Piece] | None:
-        if ins.shape.elements == 0:
+        if ins.shape.elements == 0 or any(self._only_stored(x) for x in ins.inputs):
             return None
         op = ins.op
         src = [self.pieces.get(id(x)) for x in ins.inputs]
@@ -70,7 +71,10 @@ class _Epilogue:
         if op.kind == OpKind.POINTWISE:
             return self._pointwise(ins, src)
         if op.kind == OpKind.REDUCE and src[0] is not None:
-            return segment_softmax(self.anchor, ins, src[0], self.b)
+            rules = [segment_softmax, segment_fold]
+            if not any(self._only_stored(m) for m in self.members):  # one sum over the pixels per kernel
+                rules.append(pixel_reduction)
+            return next((got for rule in rules if (got := rule(self.anchor, ins, src[0], self.b)) is not None), None)
         if op.concatenates and all(s is not None for s in src):
             out: list[Piece] = []
             axis, offset = ins.op.attrs["axis"], 0
@@ -80,6 +84,11 @@ class _Epilogue:
                 offset += x.shape.lens[axis]
             return out
         return None
+
+    def _only_stored(self, x: Instruction) -> bool:
+        """Whether member `x` is a sum over the anchor's pixels, which no element of the
+        epilogue can read (its programs hold parts of the pixels)."""
+        return any(p.value.op.algorithm == "epilogue_sum" for p in self.pieces.get(id(x), []))
 
     def _slice(self, ins: Instruction, cut: tuple[tuple[int, int, int], ...], pieces: list[Piece]) -> list[Piece] | None:
         out = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fusegraph import api, parse_onnx
 from tests.gpu.test_gpu_kernels import check_gpu, node
 from tests.helpers import make_model, rand
 from tests.passes.test_multi_output_groups import residual_model
@@ -74,3 +75,66 @@ def test_yolov8s_dfl_tail_with_its_softmax_in_the_head_conv(fp16):
     c = check_gpu(dfl_model(), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
     assert c.kernels[0].src.kernel_name == "conv_add_reshape_transpose_softmax"
     assert {cfg["BN"] for cfg in c.kernels[0].src.configs} == {16}  # one tile is one box side's 16 bins
+
+
+@pytest.mark.parametrize("batch,hw,fp16", [(1, 6, False), (2, 12, False), (3, 5, True)])
+def test_an_se_squeeze_is_summed_by_the_conv_kernel(batch, hw, fp16):
+    """Row tiles that hold one sample's pixels in part, or several samples (5x5 pixels), give
+    their parts per sample; the last tile of each column block adds them in order."""
+    from tests.passes.test_reduction_epilogue import se_model
+
+    c = check_gpu(se_model(batch=batch, hw=hw), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert c.kernels[0].src.kernel_name == "conv_add_sigmoid_mul_reduce_mean"
+    assert c.kernels[0].src.args[-2:] == ["part", "pcnt"]
+    assert all(cfg["SPLIT"] == 1 for cfg in c.kernels[0].src.configs)
+
+
+def test_se_squeeze_parts_are_combined_across_many_row_tiles():
+    """The smallest row tile over 12x12 pixels: several row tiles per sample."""
+    from tests.passes.test_reduction_epilogue import se_model
+
+    program = parse_onnx(se_model(batch=2, hw=12))
+    compiled = api.compile(program, "gpu", tune=False)
+    k = compiled.kernels[0]
+    k.config = min(k.src.configs, key=lambda cfg: cfg["BM"])
+    assert k.config["BM"] < 144
+    inputs = {"x": np.random.default_rng(1).standard_normal((2, 16, 12, 12)).astype(np.float32)}
+    compiled.poison()
+    got, want = compiled.run(inputs)["y"], api.run(program, inputs)["y"]
+    assert float(np.abs(got - want).max()) <= 1e-4 * float(np.abs(want).max())
+
+
+@pytest.mark.slow
+def test_the_epilogue_reduction_kernels_compile_for_sm90():
+    """The real backend (not the interpreter) accepts the pixel sums' slots loop, the tile
+    softmax and the further output stores: fp16 kernels built for the H200 without a GPU."""
+    pytest.importorskip("triton")
+    from fusegraph.ir.dtypes import DType
+    from fusegraph.ops.base import is_fused
+    from fusegraph.passes.pipeline import fuse
+    from fusegraph.passes.to_half import ToHalf
+    from fusegraph.targets.gpu.ahead_of_time import arg_dtypes, compile_for
+    from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
+    from fusegraph.targets.gpu.device import H200
+    from tests.passes.test_reduction_epilogue import se_model
+
+    for model in (se_model(batch=2, hw=12), head_model(192, [1, 12, 3, 64], [0, 2, 1, 3]), residual_model()):
+        program = parse_onnx(model)
+        ToHalf(DType.float16).apply(program.main)
+        fuse(program)
+        plan = plan_program(program.main)
+        ins = next(i for i in program.main if is_fused(i))
+        src = generate(ins, 0, kernel_inputs(ins, plan))
+        r = compile_for(src, arg_dtypes(ins, src))
+        assert r.cubin_bytes > 0 and r.shared_bytes <= H200.shared_bytes_per_block, src.name
+
+
+@pytest.mark.parametrize("op,fp16", [("ReduceMax", False), ("ReduceMean", True), ("ReduceSum", False)])
+def test_a_row_fold_over_a_padded_product_row_is_its_epilogue(op, fp16):
+    """A fold over the 100 columns of each row (a tile of 128): padding lanes at the identity."""
+    m = make_model([node("MatMul", ["x", "w"], ["g"]), node("Add", ["g", "b"], ["a"]),
+                    node(op, ["a", "axes"], ["y"], keepdims=1)],
+                   {"x": [1, 12, 32]}, ["y"], {"w": rand(32, 100, seed=1), "b": rand(100, seed=2),
+                                               "axes": np.array([-1], np.int64)}, opset=18)
+    c = check_gpu(m, tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert len(c.kernels) == 1 and c.kernels[0].src.template == "gemm"

@@ -140,3 +140,80 @@ def test_yolov8s_dfl_softmax_runs_inside_its_head_conv():
     assert not any(k.startswith("softmax") for k in kernels)
     assert len(kernels) == 6
     assert_same_results(parse_onnx(dfl_model()), program, tolerance=1e-5)
+
+
+
+def se_model(batch: int = 1, c: int = 32, hw: int = 6):
+    """A squeeze-and-excitation block after a conv + SiLU: global mean -> fc -> relu -> fc ->
+    sigmoid -> scale the SiLU output per channel."""
+    n = lambda op, i, o, **a: helper.make_node(op, i, o, **a)
+    nodes = [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Sigmoid", ["c"], ["sg"]), n("Mul", ["c", "sg"], ["a"]),
+             n("GlobalAveragePool", ["a"], ["m"]), n("Conv", ["m", "w1", "b1"], ["f1"]), n("Relu", ["f1"], ["r1"]),
+             n("Conv", ["r1", "w2", "b2"], ["f2"]), n("Sigmoid", ["f2"], ["s"]), n("Mul", ["a", "s"], ["y"])]
+    inits = {"w": rand(c, 16, 3, 3, seed=1, scale=0.2), "b": rand(c, seed=2), "w1": rand(8, c, 1, 1, seed=3, scale=0.3),
+             "b1": rand(8, seed=4), "w2": rand(c, 8, 1, 1, seed=5, scale=0.3), "b2": rand(c, seed=6)}
+    return make_model(nodes, {"x": [batch, 16, hw, hw]}, ["y"], inits)
+
+
+def test_an_se_squeeze_is_stored_by_the_conv_that_produces_its_input():
+    """conv + SiLU stores its full output (for the scale) and the per-channel mean (for the
+    first fc) in one kernel: no standalone mean."""
+    program = parse_onnx(se_model(batch=2))
+    api.fuse(program)
+    kernels = [i for i in program.main if i.op.name == "fused"]
+    assert [k.op.attrs["kernel"] for k in kernels] == ["conv_add_sigmoid_mul_reduce_mean", "conv_add_relu",
+                                                       "conv_add_sigmoid", "mul"]
+    sub = kernels[0].op.module
+    assert "epilogue_sum[axes={2,3},mean=True]" in str(sub)
+    assert [r.shape.lens for r in sub.returns] == [(2, 32, 1, 1), (2, 32, 6, 6)]
+    assert_same_results(parse_onnx(se_model(batch=2)), program, tolerance=1e-5)
+
+
+def pixel_program(axes: list[int], op: str = "reduce_mean", then_relu: bool = False) -> Program:
+    p = Program()
+    m = p.main
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3, 4, 5]))
+    conv = make_op("convolution", padding=(0, 0, 0, 0), stride=(1, 1), dilation=(1, 1))
+    c = m.add(make_op("relu"), [m.add(conv, [x, add_literal(m, rand(6, 3, 1, 1, seed=1))])])
+    r = m.add(make_op(op, axes=axes), [c])
+    m.set_returns([m.add(make_op("relu"), [r]) if then_relu else r], ["y"])
+    return p
+
+
+@pytest.mark.parametrize("axes,op,fused", [([2, 3], "reduce_mean", True), ([2, 3], "reduce_sum", True),
+                                           ([3], "reduce_mean", False), ([1, 2, 3], "reduce_mean", False),
+                                           ([2, 3], "reduce_max", False)])
+def test_only_sums_over_all_of_a_samples_pixels_join_the_conv(axes, op, fused):
+    before, after = pixel_program(axes, op), pixel_program(axes, op)
+    FuseAnchors().apply(after.main)
+    assert (op_names(after.main) == ["@param", "@literal", "fused"]) == fused
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_pixel_sum_is_only_stored():
+    """No epilogue member may read the sum (each program holds part of the pixels): the relu
+    after it is a kernel of its own."""
+    before, after = pixel_program([2, 3], then_relu=True), pixel_program([2, 3], then_relu=True)
+    FuseAnchors().apply(after.main)
+    assert op_names(after.main) == ["@param", "@literal", "fused", "relu"]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+@pytest.mark.parametrize("op", ["reduce_max", "reduce_sum", "reduce_mean", "reduce_min"])
+def test_a_row_fold_over_a_head_joins_the_product(op):
+    """max/sum/mean/min over each 64-wide head: a segment_reduce, stored once per row and head."""
+    def build() -> Program:
+        p = head([1, 8, 3, 64], [0, 2, 1, 3], 3)
+        m = p.main
+        t = m.returns[0].inputs[0]
+        m.set_returns([m.add(make_op(op, axes=[3]), [t])], ["y"])
+        m.remove_dead_code()
+        return p
+
+    before, after = build(), build()
+    FuseAnchors().apply(after.main)
+    assert op_names(after.main) == ["@param", "@literal", "fused"]
+    sub = after.main.instructions[2].op.module
+    assert "segment_reduce[axis=2,length=64" in str(sub)
+    assert str(sub.returns[0].op.attrs["map"]) == "{1, 8, 192} -> {1, 3, 8, 1}: (i0, i1, i2) -> (0, (i2 // 64), i1, 0)"
+    assert_same_results(before, after, tolerance=TOLERANCE)

@@ -8,6 +8,7 @@ a softmax over runs of output channels reduces across the tile there (`gemm_redu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fusegraph.ir.dtypes import DType
@@ -16,7 +17,8 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
-from fusegraph.targets.gpu.templates.gemm_reduce import emit_segment_softmax, run_length
+from fusegraph.targets.gpu.templates.gemm_reduce import (PixelSums, emit_pixel_sums, emit_segment_reduce, emit_segment_softmax,
+                                                           pixel_sum_returns)
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
 
@@ -71,8 +73,10 @@ class GemmEmitter:
         self.acc_of: dict[int, str] = {}  # epilogue tile -> the accumulator it reads
         self.width_of: dict[int, str] = {}  # epilogue tile -> its width (code)
         self.w = KernelWriter(module, inputs, {id(anchor): self._acc_value})
-        self.w.tile_reduction = lambda ins, tile, index, mask: emit_segment_softmax(
-            self.w, ins, tile, index, mask, self.width_of[id(tile)])
+        self.w.tile_reduction = self._epilogue_reduction
+        self.sum_codes: dict[int, str] = {}  # the tile a pixel sum is stored on -> its code
+        self.sums = pixel_sum_returns(module)
+        self.pixel_sums = PixelSums(spec.m, math.prod(anchor.shape.lens[2:]), anchor.shape.lens[1]) if self.sums else None
         self.a_in, self.b_in = anchor.inputs
         self.w.raw_loads = {id(x) for x in anchor.inputs if is_load(x)}
         self.a_masked = is_load(self.a_in) and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
@@ -90,6 +94,15 @@ class GemmEmitter:
 
     def arg_list(self) -> list[str]:
         return self.w.arg_list()
+
+    def _epilogue_reduction(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
+        if ins.op.algorithm == "segment_softmax":
+            return emit_segment_softmax(self.w, ins, tile, index, mask, self.width_of[id(tile)])
+        if ins.op.algorithm == "segment_reduce":
+            return emit_segment_reduce(self.w, ins, tile, index, mask, self.width_of[id(tile)])
+        if id(tile) not in self.sum_codes:
+            raise CodegenError(f"the epilogue of {self.kernel} reads a sum over its pixels, which it only stores")
+        return self.sum_codes[id(tile)]
 
     def _acc_value(self, tile: Tile, index: Index) -> str:
         if index != self.spec.out_index:
@@ -111,7 +124,7 @@ class GemmEmitter:
         n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
         whole = [Columns("acc", "rn", "BN", n_bound)]
         pieces = []
-        if period and self.dtype != DType.float64 and not run_length(self.module):  # a run needs the whole tile
+        if period and self.dtype != DType.float64 and not any(i.op.in_epilogue for i in self.module):  # reductions need the whole tile
             pieces = column_pieces(stored_width(self.module, spec.out_index, tile), tile)
         if not pieces:
             self.product(whole, split=True)
@@ -185,7 +198,10 @@ class GemmEmitter:
             self.acc_of[id(te)] = b.acc
             self.width_of[id(te)] = b.width
             for ret in self.module.returns:  # the group's value, then its further outputs
-                self.w.store(ret, te, self.spec.out_index, ("last",))
+                if ret not in self.sums:
+                    self.w.store(ret, te, self.spec.out_index, ("last",))
+            for ret in self.sums:
+                emit_pixel_sums(self.w, ret, te, self.spec.out_index, self.pixel_sums, self.sum_codes)
 
 
 def split_k_fixup(w: KernelWriter) -> None:

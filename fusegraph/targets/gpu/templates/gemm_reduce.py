@@ -1,22 +1,38 @@
-"""Reductions across a GEMM tile's columns, inside the epilogue (`segment_softmax`).
+"""Reductions inside a GEMM epilogue: across a tile's columns (`segment_softmax`,
+`segment_reduce`) and over each
+sample's pixels of a convolution (`epilogue_sum`, the squeeze of an SE block).
 
 The pass (`passes/reduction_epilogue.py`) lets a softmax join a product's epilogue when each
 of its runs is an aligned run of L output channels; the template then makes the N tile one run
 (L padded to a power of two, as for a channel period: `split_by_period`), so a row of the
 accumulator tile is one whole run. The max and the sum are taken along the tile's columns in
 the accumulator's type (fp32 for half inputs), with the padding lanes left out.
+
+A pixel sum spans many row tiles. Each program adds its tile's rows per sample (a tile of BM
+rows meets at most SLOTS = (BM - 1) // P + 2 samples of P pixels) and writes the parts into a
+scratch `part` [row tile, slot, channel] (float32 bits in int32 words: the interpreter has no
+float atomic exchange); a counter per column block (`pcnt`) finds
+the last program, which adds the parts of each sample in row-tile order (the same order on
+every run: no float atomics decide the sum) and stores the sum or mean, then clears the
+counter. The parts go through the atomic unit as split-k's partial sums do.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from fusegraph.ir.index_expr import substitute
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_store
 from fusegraph.targets.gpu.errors import CodegenError
-from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile
+from fusegraph.targets.gpu.kernel_source import KernelSource, cdiv
+from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile, var
+from fusegraph.targets.gpu.scalar_ops import fold_across
 
 
 def run_length(module: Module) -> int:
     """The run length of the group's reductions across the tile (0: none)."""
-    lengths = {ins.op.attrs["length"] for ins in module if ins.op.algorithm == "segment_softmax"}
+    lengths = {ins.op.attrs["length"] for ins in module if ins.op.algorithm in ("segment_softmax", "segment_reduce")}
     if len(lengths) > 1:
         raise CodegenError(f"reductions over runs of {sorted(lengths)} channels in one epilogue; one tile width fits one")
     return lengths.pop() if lengths else 0
@@ -36,3 +52,77 @@ def emit_segment_softmax(w: KernelWriter, ins: Instruction, tile: Tile, index: I
     if ins.op.attrs["log"]:
         return w.let(f"{x} - {top} - tl.log({total})")
     return w.let(f"{e} / {total}")
+
+
+def emit_segment_reduce(w: KernelWriter, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...],
+                        width: str) -> str:
+    """The fold of `ins`'s input over each row of the [BM, width] tile (one run), padding
+    columns at the fold's identity."""
+    a = ins.op.attrs
+    x = w.let(f"tl.broadcast_to({w.value(ins.inputs[0], tile, index, mask)}, [BM, {width}])")
+    cols = tile.bounds.get("rn")
+    identity = {"add": "0.0", "max": "float('-inf')", "min": "float('inf')"}[a["combine"]]
+    masked = w.let(f"tl.where({cols}, {x}, {identity})") if cols else x
+    total = w.let(f"{fold_across(a['combine'], masked, 1)}[:, None]")
+    return w.let(f"{total} / {a['length']}.0") if a["finalize"] == "div" else total
+
+
+@dataclass(frozen=True)
+class PixelSums:
+    """The shape of a kernel's pixel sums: its rows (samples x pixels), the pixels per sample
+    and the output channels."""
+
+    rows: int
+    pixels: int
+    channels: int
+
+    def slots(self, bm: str | int) -> str:
+        return f"(({bm} - 1) // {self.pixels} + 2)"
+
+
+def pixel_sum_returns(module: Module) -> list[Instruction]:
+    """The group's stored values that are sums over the pixels (stored by `emit_pixel_sums`)."""
+    return [r for r in module.returns if is_store(r) and r.inputs[1].op.algorithm == "epilogue_sum"]
+
+
+def pixel_sum_workspace(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
+    """The parts (32-bit words) and counters a kernel's pixel sums need under `config`."""
+    p = src.pixel_sums
+    if p is None:
+        return 0, 0
+    columns = 1
+    for extent, block, _ in src.grid_dims[1:]:
+        columns *= cdiv(extent, config[block]) if block else extent
+    return cdiv(p.rows, config["BM"]) * ((config["BM"] - 1) // p.pixels + 2) * p.channels, columns
+
+
+def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Index, sums: PixelSums,
+                    codes: dict[int, str]) -> None:
+    """Add the tile's rows per sample into `part`; the last row tile of the column block adds
+    the parts in order and stores the result through `ret`'s map (see the module docstring).
+    `codes` receives the result's code for the tile the store reads it on."""
+    x = w.value(ret.inputs[1].inputs[0], te, out_index)
+    valid = te.conjunction(te.mask_for(te.dims))
+    v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [BM, BN]), 0.0)")
+    chan, cols, n, slots = te.code(out_index[1]), te.bounds["rn"], sums.channels, sums.slots("BM")
+    keep = f", mask={cols}" if cols else ""
+    w.emit(f"s0 = pid_m * BM // {sums.pixels}")
+    with w.block(f"for j in tl.static_range({slots}):"):
+        w.emit(f"pj = tl.sum(tl.where((rm[:, None] // {sums.pixels}) == s0 + j, {v}, 0.0), 0)[None, :]")
+        w.emit(f'tl.atomic_xchg(part + (pid_m * {slots} + j) * {n} + {chan}, pj.to(tl.int32, bitcast=True){keep}, sem="relaxed")')
+    w.emit("tl.debug_barrier()")  # every thread's parts are out before the count says so
+    w.emit("col = gz * tl.num_programs(1) + pid_n")
+    w.emit('seen = tl.atomic_add(pcnt + col, 1, sem="acq_rel")')
+    with w.block("if seen == tl.num_programs(0) - 1:"):
+        samples = sums.rows // sums.pixels
+        with w.block(f"for sn in range({samples}):"):
+            w.emit("tot = tl.zeros([1, BN], dtype=tl.float32)")
+            with w.block(f"for t in range(sn * {sums.pixels} // BM, ((sn + 1) * {sums.pixels} - 1) // BM + 1):"):
+                ptr = f"part + (t * {slots} + sn - t * BM // {sums.pixels}) * {n} + {chan}"
+                got = f'tl.atomic_add({ptr}, tl.zeros([1, BN], dtype=tl.int32){keep}, sem="relaxed")'
+                w.emit(f"tot += {got}.to(tl.float32, bitcast=True)")
+            tm = Tile({"rn": te.names["rn"], "gz": "gz", "nq": "pid_n", "sn": "sn"}, {"rn": cols})
+            codes[id(tm)] = f"(tot / {sums.pixels}.0)" if ret.inputs[1].op.attrs["mean"] else "tot"
+            first_row = {"rm": var("sn", samples) * sums.pixels}
+            w.store(ret, tm, tuple(substitute(e, first_row, check=False) for e in out_index))
+        w.emit("tl.atomic_xchg(pcnt + col, 0)")
