@@ -157,7 +157,8 @@ class _Epilogue:
         while changed:
             group = [m for m in self.members if id(m) in kept]
             stored = [m for m in group if read_outside(m)]
-            cut = [m for m in stored if m.op.kind in (OpKind.VIEW, OpKind.MOVE) and (m is not group[-1] or len(stored) > 1)]
+            cut = [m for m in stored if m.op.kind in (OpKind.VIEW, OpKind.MOVE) and m is not self.anchor
+                   and (m is not group[-1] or len(stored) > 1)]
             changed = bool(cut)
             for m in cut:
                 kept -= self._descendants(m)

@@ -121,3 +121,23 @@ def test_the_pipeline_fuses_a_residual_block_into_two_kernels():
     assert count_kernels(program) == 2
     assert [i.op.attrs["kernel"] for i in program.main if i.op.name == "fused"] == ["conv_add_relu", "conv_add"]
     assert_same_results(parse_onnx(residual_model()), program, tolerance=1e-5)
+
+
+def test_a_movement_anchor_read_elsewhere_stays_in_its_group():
+    """pad(x) is read by a relu in its group and by a return: the anchor of a movement group is
+    stored as a further output, never cut off like a view."""
+    from fusegraph.ops.movement import Pad
+    from fusegraph.passes.fuse_anchors import FuseMovement
+
+    def build() -> Program:
+        p = Program()
+        m = p.main
+        x = add_param(m, "x", Shape.of(DType.float32, [1, 2, 3, 3]))
+        padded = m.add(Pad([0, 0, 1, 1, 0, 0, 1, 1], "reflect"), [x])
+        m.set_returns([m.add(make_op("relu"), [padded]), padded], ["r", "p"])
+        return p
+
+    before, after = build(), build()
+    assert FuseMovement().apply(after.main)
+    assert op_names(after.main) == ["@param", "fused", "fused_output"]
+    assert_same_results(before, after, tolerance=TOLERANCE)
