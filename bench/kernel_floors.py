@@ -4,14 +4,15 @@ Reads the per-kernel lines of a `fusegraph perf` report (measured on the GPU) an
 with each kernel's bytes, FLOPs and special-function operations, counted here from the same
 fused program: bytes are every input read once (the view's elements for a slice of a larger
 buffer; not a buffer the kernel only writes into) plus the elements it stores; FLOPs are
-2*M*N*K of its matrix product; special-function operations (exp2, reciprocal, ...: 16 a clock
+2*M*N*K of its matrix product, or 2 per tap and output of a depthwise convolution (its
+template's `flops`); special-function operations (exp2, reciprocal, ...: 16 a clock
 per multiprocessor) are SPECIAL_OPS per element of each op that needs them. The floor is the
-largest of bytes over the copy bandwidth, FLOPs over the matrix rate and special-function
-operations over their rate; the table is sorted by time lost (time minus floor), so the next
+largest of bytes over the copy bandwidth, FLOPs over the matrix rate (the float32 FMA rate for
+a template without tensor cores: depthwise) and special-function operations over their rate; the table is sorted by time lost (time minus floor), so the next
 kernel to work on comes first.
 
     python3 bench/kernel_floors.py PERF_LOG [--model yolov5s] [--fp16] [--bandwidth 4.2e12] [--flops 7.9e14]
-                                   [--special 4.2e12]
+                                   [--vector-flops 6.7e13] [--special 4.2e12]
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ SPECIAL_OPS = {"sigmoid": 2, "exp": 1, "log": 1, "sqrt": 1, "tanh": 2, "sin": 1,
 LINE = re.compile(r"^(@\d+) = (\S+)\(.*\) -> .*: ([0-9.]+)ms, \d+%(?:  \[.*\])?$")  # a config may follow
 
 
-def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, int, str]]:
+def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, int, str, str]]:
     """For each fused instruction, by its printed name: kernel name, bytes, FLOPs,
-    special-function operations, output shape."""
+    special-function operations, output shape, template."""
     from fusegraph import parse_onnx
     from fusegraph.ir.dtypes import DType
     from fusegraph.passes.pipeline import fuse
@@ -52,7 +53,8 @@ def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, int, 
         (ret,) = module.returns
         stored = math.prod(ret.op.attrs["map"].out_lens) * ret.shape.dtype.itemsize
         special = sum(SPECIAL_OPS.get(i.op.name, 0) * i.shape.elements for i in module)
-        out[f"@{pos}"] = (ins.op.attrs["kernel"], nbytes + stored, src.flops, special, "x".join(map(str, ins.shape.lens)))
+        shape = "x".join(map(str, ins.shape.lens))
+        out[f"@{pos}"] = (ins.op.attrs["kernel"], nbytes + stored, src.flops, special, shape, src.template)
     return out
 
 
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp16", action="store_true", default=True)
     ap.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s (measured copy bandwidth)")
     ap.add_argument("--flops", type=float, default=7.9e14, help="FLOP/s (measured dense fp16/bf16 matrix rate)")
+    ap.add_argument("--vector-flops", type=float, default=6.7e13,
+                    help="FLOP/s without tensor cores (float32 FMA: 128 lanes on each of 132 multiprocessors at 1.98 GHz)")
     ap.add_argument("--special", type=float, default=4.2e12,
                     help="special-function operations/s (16 a clock on each of the H200's 132 multiprocessors at 1.98 GHz)")
     args = ap.parse_args(argv)
@@ -74,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     costs = kernel_costs(args.model, args.fp16)
     rows = []
     for name, (kernel, us) in times.items():
-        k2, nbytes, flops, special, shape = costs[name]
+        k2, nbytes, flops, special, shape, template = costs[name]
         assert k2 == kernel, f"{name}: the log says {kernel}, the program {k2}"
-        floor = max(nbytes / args.bandwidth, flops / args.flops, special / args.special) * 1e6
+        rate = args.flops if template == "gemm" else args.vector_flops
+        floor = max(nbytes / args.bandwidth, flops / rate, special / args.special) * 1e6
         rows.append((us - floor, name, kernel, shape, us, nbytes, flops, special, floor))
     rows.sort(reverse=True)
     total = sum(r[4] for r in rows)
@@ -88,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {kernel} | {shape} | {us:.1f} | {nbytes / 1e6:.2f} MB | {flops / 1e6:.0f} | {special / 1e6:.1f} | "
               f"{floor:.2f} | {us / floor:.1f}x | {lost:.1f} |")
     print(f"\nsum of kernel times {total:.1f} us, sum of floors {total_floor:.1f} us (bandwidth "
-          f"{args.bandwidth / 1e12:.1f} TB/s, matrix rate {args.flops / 1e12:.0f} TFLOP/s, special functions "
+          f"{args.bandwidth / 1e12:.1f} TB/s, matrix rate {args.flops / 1e12:.0f} TFLOP/s, vector rate "
+          f"{args.vector_flops / 1e12:.0f} TFLOP/s, special functions "
           f"{args.special / 1e12:.1f} Top/s); the special-function operations alone take {total_special:.1f} us")
     return 0
 

@@ -30,11 +30,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnx
-import onnx.numpy_helper
 import torch
 
 import fusegraph
 import fusegraph.zoo
+from fusegraph.onnx.rebatch import with_batch
 from bench.common import Check, bench_parser, check, compile_fusegraph, exact_fp32, failure, first_line, selected
 from bench.timing import (Table, Timing, capture_graph, count_kernels, fmt_us, is_cuda, synchronize, time_calls,
                           time_gpu, write_results)
@@ -55,29 +55,6 @@ class Result:
     timing: Timing | None = None
     setup_s: float | None = None
     note: str = ""
-
-
-def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
-    """A copy of an export made for batch 1 that runs `batch` images.
-
-    The exporter writes the detection head's reshapes with a literal batch of 1
-    ([1, 3, 85, 80, 80], [1, 19200, 85]); those constants take the new batch, and every
-    contender (fusegraph and the torch module built from the same graph) runs the copy.
-    """
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    constants = {n.output[0]: n for n in out.graph.node if n.op_type == "Constant"}
-    for node in out.graph.node:
-        if node.op_type != "Reshape" or node.input[1] not in constants:
-            continue
-        attr = constants[node.input[1]].attribute[0]
-        dims = onnx.numpy_helper.to_array(attr.t).copy()
-        if dims.size and dims[0] == 1:
-            dims[0] = batch
-            attr.t.CopyFrom(onnx.numpy_helper.from_array(dims, attr.t.name))
-    for value in list(out.graph.input) + list(out.graph.output):
-        value.type.tensor_type.shape.dim[0].dim_value = batch
-    return out
 
 
 class Bench:

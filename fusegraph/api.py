@@ -35,16 +35,39 @@ Compiled = Any
 
 
 def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
-               input_dims: Mapping[str, Sequence[int]] | None = None) -> Program:
+               input_dims: Mapping[str, Sequence[int]] | None = None, batch: int | None = None) -> Program:
     """Read an ONNX model (path, bytes, ModelProto or zoo name) into a Program.
 
     `input_dims` fixes the dimensions of named inputs, overriding what the model declares;
     dimensions the model leaves symbolic and that are not given default to 1, with a warning.
+    `batch` re-batches a model whose inputs have a batch dimension of 1 or a symbolic one
+    (fusegraph.onnx.rebatch); an `input_dims` entry of such an input then gives the batch as
+    1 (the dimensions of one sample) or as `batch`.
     """
     if not isinstance(source, (str, os.PathLike, bytes, bytearray, onnx.ModelProto)):
         raise ArgumentError(f"source must be a path, bytes, an onnx.ModelProto or a zoo name, "
                             f"got {type(source).__name__}")
-    return importer.parse_onnx(source, input_dims=_checked_dims(input_dims))
+    dims = _checked_dims(input_dims)
+    if batch is not None:
+        source, dims = rebatched(source, batch, dims or {})
+    return importer.parse_onnx(source, input_dims=dims)
+
+
+def rebatched(source: "str | os.PathLike[str] | bytes | onnx.ModelProto", batch: int,
+              input_dims: dict[str, list[int]]) -> tuple[onnx.ModelProto, dict[str, list[int]]]:
+    """The model of `source` re-batched to `batch`, and `input_dims` with `batch` first for
+    every batched input; an entry giving such an input another batch is refused."""
+    from fusegraph.onnx.loader import load_model
+    from fusegraph.onnx.rebatch import batched_inputs, with_batch
+
+    model = load_model(source)
+    dims = dict(input_dims)
+    for name in batched_inputs(model):
+        if dims.get(name):
+            if dims[name][0] not in (1, batch):
+                raise ArgumentError(f"input_dims gives input {name!r} a batch of {dims[name][0]}, but batch={batch}")
+            dims[name] = [batch, *dims[name][1:]]
+    return with_batch(model, batch), dims
 
 
 def fuse(program: Program) -> Program:
@@ -55,7 +78,7 @@ def fuse(program: Program) -> Program:
 
 def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: bool = False,
             allow_tf32: bool = False, tune: bool = True, exhaustive_tune: bool = False,
-            progress: Callable[[str, int, int], None] | None = None) -> Compiled:
+            progress: Callable[[str, int, int], None] | None = None, weights: Any = None) -> Compiled:
     """Compile `program` for `target`; the result's `run(inputs)` returns outputs by name.
 
     gpu: fuses a copy (unless `program` is fused already), generates one kernel per fused group,
@@ -63,6 +86,8 @@ def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: 
     reports it). allow_tf32 lets fp32 products use tf32. ref: the program as it is, evaluated by
     the NumPy reference on each run (tuning options do not apply; it never uses tf32).
     fp16/bf16 convert weights and inputs first, on either target, so they need an unfused program.
+    `weights` (gpu: a compiled_program.WeightPool) shares the device copies of equal literals
+    between the programs compiled with it.
     """
     _checked_program(program)
     _checked_target(target)
@@ -85,7 +110,8 @@ def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: 
     require_gpu_target()
     from fusegraph.targets.gpu.compiler import compile_gpu  # Triton and torch load only for this target
 
-    compiled = compile_gpu(program, **options, tune=bool(tune), exhaustive_tune=bool(exhaustive_tune), progress=progress)
+    compiled = compile_gpu(program, **options, tune=bool(tune), exhaustive_tune=bool(exhaustive_tune), progress=progress,
+                           weights=weights)
     return _remember_source(compiled, program, target, options)
 
 
@@ -119,12 +145,16 @@ def run(program_or_compiled: Union[Program, Compiled], inputs: Mapping[str, Any]
 
 
 def compiled_target(obj: Any) -> str | None:
-    """The target `obj` was compiled for, or None when it is no compiled program.
+    """The target `obj` was compiled for (a dynamic batch's programs' target), or None when it
+    is no compiled program.
 
     A gpu CompiledProgram exists only once its module is imported, so a wrong argument is
     told apart without loading Triton."""
     if isinstance(obj, RefProgram):
         return "ref"
+    dynamic = sys.modules.get("fusegraph.dynamic_batch")
+    if dynamic is not None and isinstance(obj, dynamic.DynamicBatchProgram):
+        return obj.target
     gpu = sys.modules.get("fusegraph.targets.gpu.compiled_program")
     if gpu is not None and isinstance(obj, gpu.CompiledProgram):
         return "gpu"

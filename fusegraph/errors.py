@@ -55,6 +55,12 @@ class TargetUnavailableError(FusegraphError):
     Triton's interpreter not switched on in time); the message says what to install or set."""
 
 
+class DeviceError(FusegraphError):
+    """The GPU could not run a compiled program: it has too little free memory for the
+    program's buffers, or Triton could not compile or launch a kernel for it; the message
+    names the kernel or the buffers and says what to do."""
+
+
 class SavedProgramError(FusegraphError):
     """A saved program (.fgx) cannot be written or read: missing, not a .fgx file, truncated,
     changed since it was written (a checksum fails), of another format version, or naming an op

@@ -5,13 +5,15 @@
 commands in-process through `main(argv)`; in a console block the lines after a `$ ` command are
 its output as shown, which must appear in the real output, loosely: numbers may differ (timings,
 errors, instruction numbers), `...` stands for anything, and lines that are only `...` mark
-elided output. A block whose first line is a comment `# needs a GPU` is skipped without one.
+elided output. A block whose first line is a comment `# needs a GPU` is skipped without one, and
+one whose first line is `# needs nvidia-pytriton` without that wheel installed.
 Any other fenced block is an error here, so a new kind of block gets a decision.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import re
 import shlex
@@ -28,6 +30,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 SHELL = {"console", "bash", "sh", "shell"}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.M | re.S)
 NEEDS_GPU = re.compile(r"#\s*needs a GPU\b")
+NEEDS_TRITON = re.compile(r"#\s*needs nvidia-pytriton\b")
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 PROGRAMS = ("fusegraph", ".venv/bin/fusegraph")
 
@@ -42,6 +45,11 @@ class Block:
     def needs_gpu(self) -> bool:
         first = next((ln for ln in self.text.splitlines() if ln.strip()), "")
         return bool(NEEDS_GPU.match(first.strip()))
+
+    @property
+    def needs_triton(self) -> bool:
+        first = next((ln for ln in self.text.splitlines() if ln.strip()), "")
+        return bool(NEEDS_TRITON.match(first.strip()))
 
 
 def _blocks() -> list[Block]:
@@ -121,6 +129,8 @@ BLOCKS = _blocks()
 def test_readme_block(block: Block) -> None:
     if block.needs_gpu and not has_gpu():
         pytest.skip("the README marks this block `# needs a GPU`")
+    if block.needs_triton and importlib.util.find_spec("pytriton") is None:
+        pytest.skip("the README marks this block `# needs nvidia-pytriton`, which is not installed")
     if block.kind == "python":
         exec(compile(block.text, f"README.md:{block.line}", "exec"), {"__name__": "__readme__"})
     else:

@@ -12,6 +12,8 @@ The gains depend on the generated weights, hence on `fusegraph.zoo._weights` and
 this after changing either, and after tools/export_yolov5.py. Where they go:
   YOLOv5s graphs   a "gain" field in each conv_weight record of the file's strip metadata
   light models     fusegraph/zoo/models/light_calibration.json  {model: {tensor: gain}}
+A batch variant NAME-bN of a zoo model NAME takes NAME's gains (see `batch_variant_gains`):
+calibrate NAME first.
 
 Needs onnxruntime: run with the project's venv,
     .venv/bin/python tools/calibrate_zoo.py [NAME ...]      (default: every zoo model)
@@ -41,15 +43,15 @@ SIG_DIGITS = 6  # gains are stored rounded; the stored numbers are what load() u
 
 
 def _final_consumer(graph: onnx.GraphProto, name: str) -> onnx.NodeProto:
-    """The Conv/Gemm a weight feeds, through the Reshape/Unsqueeze chain `_params` also follows."""
+    """The Conv/Gemm/MatMul a weight feeds, through the Reshape/Unsqueeze chain `_params` also follows."""
     for _ in range(8):
         uses = [n for n in graph.node if name in n.input]
         assert len(uses) == 1, (name, [n.op_type for n in uses])
         node = uses[0]
-        if node.op_type in ("Conv", "Gemm"):
+        if node.op_type in ("Conv", "Gemm", "MatMul"):
             return node
         name = node.output[0]
-    raise AssertionError(f"no Conv/Gemm behind {name}")
+    raise AssertionError(f"no Conv/Gemm/MatMul behind {name}")
 
 
 def _unit_gain_model(name: str) -> tuple[onnx.ModelProto, list[str]]:
@@ -70,6 +72,27 @@ def _unit_gain_model(name: str) -> tuple[onnx.ModelProto, list[str]]:
     order = {n.output[0]: i for i, n in enumerate(model.graph.node)}
     weights.sort(key=lambda w: order[_final_consumer(model.graph, w).output[0]])
     return model, weights
+
+
+def _data_feeds(model: onnx.ModelProto, weights: set[str]) -> dict[str, np.ndarray]:
+    """Fixed inputs: images U(0, 1); integer inputs (token ids, masks) within the range the
+    model's metadata declares (`fusegraph.input_ranges`), else [0, 10)."""
+    graph = model.graph
+    inits = {i.name for i in graph.initializer}
+    ranges = json.loads(next((p.value for p in model.metadata_props if p.key == "fusegraph.input_ranges"), "{}"))
+    rng = np.random.default_rng(INPUT_SEED)
+    out = {}
+    for inp in graph.input:
+        if inp.name in inits or inp.name in weights:
+            continue
+        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        if inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            out[inp.name] = rng.random(shape, dtype=np.float32)
+        else:
+            lo, hi = ranges.get(inp.name, (0, 10))
+            dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+            out[inp.name] = rng.integers(lo, hi, shape).astype(dtype)
+    return out
 
 
 def calibrate(name: str, verbose: bool = True) -> dict[str, float]:
@@ -96,15 +119,11 @@ def calibrate(name: str, verbose: bool = True) -> dict[str, float]:
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    inits = {i.name for i in graph.initializer}
-    (data,) = [i for i in graph.input if i.name not in inits and i.name not in wset]
-    shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
-    x = np.random.default_rng(INPUT_SEED).random(shape, dtype=np.float32)
-
+    data = _data_feeds(model, wset)
     gains = {w: 1.0 for w in weights}
 
     def feeds() -> dict[str, np.ndarray]:
-        f = {data.name: x}
+        f = dict(data)
         f.update({w: base[w] * np.float32(gains[w]) for w in weights})
         return f
 
@@ -122,6 +141,26 @@ def calibrate(name: str, verbose: bool = True) -> dict[str, float]:
         print(f"{name}: {len(weights)} layers, gains {g.min():.3g}..{g.max():.3g}, "
               f"layer output std after {min(stds):.3f}..{max(stds):.3f}, {time.time() - t0:.1f}s")
     return gains
+
+
+def batch_variant_gains(name: str, base: str) -> dict[str, float]:
+    """The gains of batch variant `name`, copied from its batch-1 graph `base`.
+
+    LSUV gains are statistics of one layer's output over images from one distribution, which
+    the batch does not change; calibrating the batch-32 graph itself would cost 32 times more.
+    The two exports list the same weights in the same order (the same model, traced the same
+    way), which is checked record by record (kind and shape) before the gains are copied.
+    """
+    def records(n: str) -> list[dict]:
+        model = onnx.load(str(zoo.path(n)))
+        return [r for r in json.loads(next(p.value for p in model.metadata_props if p.key == _params.STRIPPED_KEY))
+                if r["kind"].endswith("_weight")]
+
+    mine, theirs = records(name), records(base)
+    if [(r["kind"], r["dims"]) for r in mine] != [(r["kind"], r["dims"]) for r in theirs]:
+        raise RuntimeError(f"{name}: its weights do not match those of {base} one for one")
+    print(f"{name}: {len(mine)} gains copied from {base}")
+    return {a["name"]: b["gain"] for a, b in zip(mine, theirs)}
 
 
 def store(name: str, gains: dict[str, float]) -> None:
@@ -150,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", help="zoo names (default: all)")
     args = ap.parse_args(argv)
     for name in args.names or zoo.names():
-        store(name, calibrate(name))
+        base = name.rsplit("-b", 1)[0]
+        if base != name and zoo.is_zoo_name(base) and not zoo._entry(name).light:
+            store(name, batch_variant_gains(name, base))
+        else:
+            store(name, calibrate(name))
     return 0
 
 

@@ -45,6 +45,16 @@ for s in $steps; do
     node_tests) step node_tests timeout 200 $py -m pytest -q -p no:cacheprovider -n 15 -rfE -m "not slow" tests/conformance/test_conformance_gpu.py ;;
     kernel_tests_fast) step kernel_tests_fast timeout 150 $py -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_zoo.py tests/gpu/test_gpu_cli.py ;;
     kernel_tests) step kernel_tests timeout 120 $py -m pytest -q -p no:cacheprovider -n 15 tests/gpu/test_gpu_kernels.py tests/gpu/test_gpu_zoo.py tests/gpu/test_gpu_cli.py ;;
+    gpu_tests_all) step gpu_tests_all timeout 300 $py -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/gpu tests/test_dynamic_batch.py ;;
+    perf_dw) for m in ${PERF_MODELS:-convnext_tiny efficientnet_b1}; do
+               step perf_$m timeout 120 $py -m fusegraph.driver.cli perf $m --fp16
+               step floors_$m timeout 60 $py bench/kernel_floors.py "$out/perf_$m.log" --model $m; done ;;
+    models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) ;;
+    gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;
+    attention_bench) step attention_bench timeout 150 $py bench/attention.py ;;
+    saved_load) step saved_load timeout 120 $py bench/saved_load.py ;;
+    dynamic_batch) step dynamic_batch timeout 180 $py bench/dynamic_batch.py ;;
+    serve_bench) step serve_bench timeout 120 $py bench/serve.py --model yolov5s ;;
     *) echo "unknown step $s" ;;
   esac
 done
@@ -54,5 +64,5 @@ tar czf "$final/gpu_logs.tgz" -C "$out" .
 cp "$out/summary.txt" "$final/"
 cp "$out/perf_fp16.log" "$final/" 2>/dev/null
 cp "$out/perf_fp16_exhaustive.log" "$out/tuning_exhaustive.jsonl" "$final/" 2>/dev/null
-cp "$out"/*.md "$final/" 2>/dev/null
+# the results tables travel inside gpu_logs.tgz (few files may come back)
 true

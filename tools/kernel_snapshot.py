@@ -18,10 +18,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ for with_batch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree's fusegraph
 
-from bench.yolov5s import with_batch  # noqa: E402
 from fusegraph import api, zoo  # noqa: E402
+from fusegraph.onnx.rebatch import with_batch  # noqa: E402
 from fusegraph.ir.dtypes import DType  # noqa: E402
 from fusegraph.passes.to_half import ToHalf  # noqa: E402
 from fusegraph.targets.gpu.codegen import program_kernels  # noqa: E402

@@ -1,4 +1,4 @@
-"""Count the global loads in the main loop of every GEMM kernel of a model, from sm_90 PTX.
+"""Count the global loads in the main loop of every GEMM and depthwise kernel of a model, from sm_90 PTX.
 
 A convolution whose A tile is loaded element by element (`ld.global.b16`) instead of with
 16-byte asynchronous copies (`cp.async`) runs several times slower on a Hopper GPU. Which one
@@ -14,7 +14,8 @@ For batch 32, pass the graph `bench/yolov5s.py --batch 32 --save-onnx FILE` writ
 choices differ).
 
 One line per GEMM kernel (its default config): scalar 2-byte loads, vector loads and
-asynchronous copies per thread per iteration of its k loop.
+asynchronous copies per thread per iteration of its k loop; per depthwise kernel, the same over
+its tap loop (the whole kernel when the taps are unrolled).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 LOOP = re.compile(r"Inner Loop Header.*?\n(.*?)bra\s+\$L__BB\d+_\d+;", re.S)
 
 
-def loop_loads(ptx: str) -> tuple[int, int, int]:
-    """(scalar, vector, cp.async) global loads in the first inner loop of `ptx`."""
+def loop_loads(ptx: str, whole_without_loop: bool = False) -> tuple[int, int, int]:
+    """(scalar, vector, cp.async) global loads in the first inner loop of `ptx` (with
+    `whole_without_loop`, in all of it when it has no loop)."""
     m = LOOP.search(ptx)
-    body = m.group(1) if m else ""
+    body = m.group(1) if m else ptx if whole_without_loop else ""
     scalar = len(re.findall(r"ld\.global\.(?:b16|b32)\b", body))
     return scalar, len(re.findall(r"ld\.global\.v\d", body)), len(re.findall(r"cp\.async\.c[ag]", body))
 
@@ -60,9 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     fused = [i for i in program.main if i.op.name == "fused"]
     print(f"triton {triton.__version__}, sm_90, per thread per k iteration: scalar / vector / cp.async loads")
     for ins, src in zip(fused, program_kernels(program)):
-        if src.template != "gemm":
+        if src.template not in ("gemm", "depthwise"):
             continue
-        scalar, vector, copies = loop_loads(build_for(src, arg_dtypes(ins, src)).asm["ptx"])
+        ptx = build_for(src, arg_dtypes(ins, src)).asm["ptx"]
+        scalar, vector, copies = loop_loads(ptx, whole_without_loop=src.template == "depthwise")
         flag = "  <- element by element" if scalar else ""
         print(f"{src.name[:48]:48s} {scalar:4d} {vector:4d} {copies:4d}{flag}")
     return 0

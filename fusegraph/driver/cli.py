@@ -85,11 +85,28 @@ def _directory(text: str) -> str:
     return text
 
 
-def _model_args(p: argparse.ArgumentParser, saved: bool = False) -> None:
+def _batch(text: str) -> tuple[int, int]:
+    """`N` -> (N, N); `LO..HI` -> (LO, HI), both positive and LO <= HI."""
+    lo, sep, hi = text.partition("..")
+    try:
+        pair = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a batch size N or a range LO..HI (e.g. 8 or 1..32), got {text!r}") from None
+    if pair[0] < 1 or pair[1] < pair[0]:
+        raise argparse.ArgumentTypeError(f"expected positive batch sizes with LO <= HI, got {text!r}")
+    return pair
+
+
+def _model_args(p: argparse.ArgumentParser, saved: bool = False, batch: bool = False) -> None:
     p.add_argument("model", metavar="MODEL",
                    help="an .onnx file, a zoo name" + (" or a saved program (.fgx)" if saved else ""))
     p.add_argument("--input-dim", action="append", metavar="NAME:D0,D1,...",
                    help="fix the dimensions of an input, e.g. images:1,3,640,640 (repeatable)")
+    if batch:
+        p.add_argument("--batch", type=_batch, metavar="N|LO..HI",
+                       help="re-batch a model whose batch dimension is 1 or symbolic to N samples; compile "
+                            "LO..HI -o FILE.fgx: one program per power of two in the range (a dynamic batch), "
+                            "whose run and verify take the request's batch N (default: the largest)")
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -110,7 +127,19 @@ def _load(args: argparse.Namespace, model: Any = None) -> "Program":
     from fusegraph import api
     from fusegraph.driver.inputs import parse_input_dims
 
-    return api.parse_onnx(args.model if model is None else model, input_dims=parse_input_dims(args.input_dim))
+    return api.parse_onnx(args.model if model is None else model, input_dims=parse_input_dims(args.input_dim),
+                          batch=_one_batch(args))
+
+
+def _one_batch(args: argparse.Namespace) -> int | None:
+    """`--batch N` for a model parsed at one batch; a range there is a mistake worth one line."""
+    batch = getattr(args, "batch", None)
+    if batch is not None and batch[0] != batch[1]:
+        from fusegraph.errors import ArgumentError
+
+        raise ArgumentError(f"--batch {batch[0]}..{batch[1]} compiles a dynamic batch: `fusegraph compile MODEL "
+                            "--batch LO..HI -o FILE.fgx`, then run or verify FILE.fgx with --batch N")
+    return batch[0] if batch else None
 
 
 def _fuse(program: "Program", args: argparse.Namespace) -> None:
@@ -128,16 +157,16 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs
 
-    from fusegraph.driver.saved_files import is_saved_file, runnable
+    from fusegraph.driver.saved_files import input_shapes, is_saved_file, runnable
 
     if is_saved_file(args.model):
         program, target = runnable(args)
     else:
         program, target = _load(args), "ref"
         _fuse(program, args)
-    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    inputs = load_inputs(args.input, input_shapes(program, args), args.seed, input_ranges(program))
     start = time.perf_counter()
     outputs = api.run(program, inputs, target=target)
     elapsed = time.perf_counter() - start
@@ -178,11 +207,11 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
 def _verify_gpu(args: argparse.Namespace) -> int:
     """The gpu target against the (unfused, fp32) reference target on the same inputs."""
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs
 
     program = _load(args)
     compiled = api.compile(program, "gpu", **_gpu_options(args))
-    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    inputs = load_inputs(args.input, program.input_shapes, args.seed, input_ranges(program))
     want = api.run(program, inputs, target="ref")
     compiled.poison()
     got = api.run(compiled, inputs)
@@ -216,14 +245,22 @@ def _report(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray], toler
 
 def cmd_perf(args: argparse.Namespace) -> int:
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs
     from fusegraph.driver.perf import chrome_trace, perf_report
     from fusegraph.targets.gpu.availability import require_gpu_device
 
-    require_gpu_device("perf")
-    program = _load(args)
-    compiled = api.compile(program, "gpu", **_gpu_options(args))
-    api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed))
+    from fusegraph.driver.saved_files import is_saved_file, timed_saved
+
+    if is_saved_file(args.model):
+        _reject_gpu_options(args, f"{args.model} was compiled with its own options")
+        require_gpu_device("perf")
+        compiled = timed_saved(args)
+    else:
+        _one_batch(args)  # a mistake in the arguments is told before the missing GPU
+        require_gpu_device("perf")
+        program = _load(args)
+        compiled = api.compile(program, "gpu", **_gpu_options(args))
+        api.run(compiled, load_inputs(args.input, program.input_shapes, args.seed, input_ranges(program)))
     print(perf_report(compiled, args.iterations, args.configs))
     if args.trace:
         with open(args.trace, "w") as f:
@@ -234,7 +271,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs, parse_input_dims
     from fusegraph.driver.verify import run_onnxruntime
     from fusegraph.onnx.loader import load_model
 
@@ -252,12 +289,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.tolerance is None:
         args.tolerance = 1e-5
     model = load_model(args.model)
-    program = _load(args, model)
+    dims = parse_input_dims(args.input_dim)
+    batch = _one_batch(args)
+    if batch is not None:  # ONNX Runtime runs the re-batched model too
+        model, dims = api.rebatched(model, batch, dims)
+    program = api.parse_onnx(model, input_dims=dims)
     label = "ref target"
     if args.fused:
         _fuse(program, args)
         label += ", fused"
-    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    inputs = load_inputs(args.input, program.input_shapes, args.seed, input_ranges(program))
     ours = api.run(program, inputs, target="ref")
     theirs = run_onnxruntime(model.SerializeToString(), inputs)
     print(f"fusegraph ({label}) vs ONNX Runtime (CPU), seed {args.seed}:")
@@ -268,10 +309,16 @@ def _verify_saved(args: argparse.Namespace) -> int:
     """A .fgx file has no ONNX model to hand ONNX Runtime: what it compiles to (a saved Program:
     compiled for --target) is checked against its own program, unfused and fp32, on the ref target."""
     from fusegraph import api
-    from fusegraph.driver.inputs import load_inputs
+    from fusegraph.driver.inputs import input_ranges, load_inputs
     from fusegraph.driver.saved_files import load_saved
+    from fusegraph.dynamic_batch import DynamicBatchProgram
 
     loaded = load_saved(args)
+    if isinstance(loaded, DynamicBatchProgram):
+        from fusegraph.driver.saved_files import verify_dynamic
+
+        _reject_gpu_options(args, f"{args.model} was compiled with its own options")
+        return _report(*verify_dynamic(args, loaded))
     target = api.compiled_target(loaded)
     if target is None:
         program = loaded
@@ -288,7 +335,7 @@ def _verify_saved(args: argparse.Namespace) -> int:
     tolerance = args.tolerance if args.tolerance is not None else (
         1e-5 if options["target"] == "ref" and fp32 else 1e-4 if fp32 and not options["allow_tf32"] else
         1e-3 if fp32 else 1e-2)
-    inputs = load_inputs(args.input, program.input_shapes, args.seed)
+    inputs = load_inputs(args.input, program.input_shapes, args.seed, input_ranges(program))
     got = api.run(compiled, {k: v.astype(compiled.input_shapes[k].dtype.numpy) for k, v in inputs.items()})
     want = api.run(program, inputs, target="ref")
     mode = "fp32" if fp32 else "fp16" if options["fp16"] else "bf16"
@@ -316,8 +363,14 @@ def _reject_gpu_options(args: argparse.Namespace, why: str = "") -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     from fusegraph.passes.pipeline import compile_program
 
-    program = _load(args)
     saved = None
+    if args.batch and args.batch[0] != args.batch[1]:
+        from fusegraph.driver.saved_files import write_dynamic
+
+        print(write_dynamic(args))
+        return 0
+    _reject_saving_options(args)
+    program = _load(args)
     if args.output:
         from fusegraph.driver.saved_files import write_compiled
 
@@ -340,6 +393,49 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if saved:
         print(saved)
     return 0
+
+
+def _reject_saving_options(args: argparse.Namespace) -> None:
+    """--target and --lazy-tune say how `-o` compiles: without -o they would be ignored."""
+    if not args.output and (args.target is not None or args.lazy_tune):
+        from fusegraph.errors import ArgumentError
+
+        raise ArgumentError(f"{'--target' if args.target is not None else '--lazy-tune'} applies to the program "
+                            "compile saves: add -o FILE.fgx")
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from fusegraph.driver.fusion_graph import attach_times, fusion_graph, kernel_count, read_perf
+    from fusegraph.driver.fusion_html import render
+
+    program = _fused_program(args)
+    graph = fusion_graph(program, model=args.model)
+    if args.perf:
+        attach_times(graph, read_perf(args.perf), args.perf)
+    Path(args.output).write_text(render(graph))
+    print(f"wrote {args.output}: {kernel_count(program)} fused kernels")
+    return 0
+
+
+def _fused_program(args: argparse.Namespace) -> "Program":
+    """The fused program of MODEL; of a .fgx file, the one it compiles to (a gpu program's own)."""
+    import copy
+
+    from fusegraph import api
+    from fusegraph.driver.saved_files import is_saved_file, load_saved
+    from fusegraph.ops.base import is_fused
+
+    if not is_saved_file(args.model):
+        return api.fuse(_load(args))
+    loaded = load_saved(args)
+    program = loaded if api.compiled_target(loaded) is None else loaded.program
+    return program if any(is_fused(i) for i in program.main) else api.fuse(copy.deepcopy(program))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from fusegraph.driver.serve_cli import serve_command
+
+    return serve_command(args)
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -368,6 +464,9 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "verify": (cmd_verify, "compare the reference target with ONNX Runtime (or, with --target gpu, the gpu "
                            "target with the reference target) on the same random inputs"),
     "perf": (cmd_perf, "compile for the GPU and time the program kernel by kernel and end to end"),
+    "graph": (cmd_graph, "draw the fused program as an HTML page: one colored box per kernel holding its ops"),
+    "serve": (cmd_serve, "serve a model through NVIDIA Triton Inference Server (KServe v2 HTTP and gRPC), or "
+                         "write a Triton model repository"),
     "zoo": (cmd_zoo, "list the models built into fusegraph"),
     "ops": (cmd_ops, "list the supported ONNX ops"),
 }
@@ -395,12 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (fn, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", epilog=EPILOG)
         p.set_defaults(func=fn)
-        if name in ("read", "compile", "run", "verify", "perf"):
-            _model_args(p, saved=name in ("run", "verify"))
+        if name in ("read", "compile", "run", "verify", "perf", "graph"):
+            _model_args(p, saved=name in ("run", "verify", "perf", "graph"), batch=name not in ("read", "graph"))
         if name in ("run", "verify", "perf"):
             _run_args(p)
         if name in ("run", "verify"):
             p.add_argument("--fused", action="store_true", help="run the fused program (after the fusion passes)")
+            p.add_argument("--verbose", action="store_true",
+                           help="for a .fgx MODEL: print the phases of loading it and their times (as FUSEGRAPH_TIMING=1)")
         if name in ("compile", "verify", "perf"):
             _precision_args(p)
         if name in ("verify", "perf"):
@@ -430,6 +531,18 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--kernels", action="store_true", help="print the generated Triton source of every kernel")
             p.add_argument("-o", "--output", metavar="FILE.fgx",
                            help="also compile for the gpu target (tuned on a GPU) and save the program there")
+            p.add_argument("--target", choices=("gpu", "ref"), default=None,
+                           help="with -o: the target the saved program is compiled for (default gpu)")
+            p.add_argument("--lazy-tune", action="store_true",
+                           help="with -o and --batch LO..HI: tune each batch size at its first run, not now")
+        if name == "graph":
+            p.add_argument("-o", "--output", metavar="FILE.html", required=True, help="the page to write")
+            p.add_argument("--perf", metavar="PERF", help="kernel times: the output of `fusegraph perf MODEL` "
+                                                          "saved as text, or its --trace JSON")
+        if name == "serve":
+            from fusegraph.driver.serve_cli import add_serve_args
+
+            add_serve_args(p)
     return parser
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -25,24 +26,43 @@ def parse_input_dims(specs: Sequence[str] | None) -> dict[str, list[int]]:
     return out
 
 
-def random_inputs(shapes: Mapping[str, Shape], seed: int = 0) -> dict[str, np.ndarray]:
+Ranges = Mapping[str, Sequence[int]]
+
+
+def input_ranges(program: Any) -> dict[str, tuple[int, int]]:
+    """The [low, high) value range of each integer input that the model declares.
+
+    Token ids must lie inside the vocabulary and masks in {0, 1}, which nothing in a graph's
+    types says; a zoo model states it in its metadata (`fusegraph.input_ranges`, JSON
+    {input: [low, high]}), which the importer keeps in `program.meta["input_ranges"]`.
+    """
+    text = getattr(program, "meta", {}).get("input_ranges")
+    if not text:
+        return {}
+    return {name: (int(lo), int(hi)) for name, (lo, hi) in json.loads(text).items()}
+
+
+def random_inputs(shapes: Mapping[str, Shape], seed: int = 0, ranges: Ranges | None = None) -> dict[str, np.ndarray]:
     """Fresh random inputs: floats uniform in [0, 1) (the range of normalized images), integers in
-    [0, 10), booleans 50/50."""
+    their declared range (`input_ranges`) or else in [0, 10), booleans 50/50."""
     rng = np.random.default_rng(seed)
+    ranges = ranges or {}
     out: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
         dt = shape.dtype.numpy
         if shape.dtype.is_float:
             out[name] = rng.random(shape.lens).astype(dt)
         elif shape.dtype.is_integer:
-            out[name] = rng.integers(0, 10, shape.lens).astype(dt)
+            lo, hi = ranges.get(name, (0, 10))
+            out[name] = rng.integers(lo, hi, shape.lens).astype(dt)
         else:
             out[name] = rng.random(shape.lens) < 0.5
     return out
 
 
-def load_inputs(specs: Sequence[str] | None, shapes: Mapping[str, Shape], seed: int) -> dict[str, np.ndarray]:
-    """Inputs from `--input name=file.npy` where given, random ones for the rest."""
+def load_inputs(specs: Sequence[str] | None, shapes: Mapping[str, Shape], seed: int,
+                ranges: Ranges | None = None) -> dict[str, np.ndarray]:
+    """Inputs from `--input name=file.npy` where given, random ones (within `ranges`) for the rest."""
     given: dict[str, np.ndarray] = {}
     for spec in specs or []:
         name, sep, path = spec.partition("=")
@@ -59,5 +79,5 @@ def load_inputs(specs: Sequence[str] | None, shapes: Mapping[str, Shape], seed: 
             loaded.close()
             raise InputError(f"--input {name}: {path} is an .npz archive, not one .npy array")
         given[name] = loaded
-    rest = random_inputs({k: v for k, v in shapes.items() if k not in given}, seed)
+    rest = random_inputs({k: v for k, v in shapes.items() if k not in given}, seed, ranges)
     return {**rest, **given}

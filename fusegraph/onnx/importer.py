@@ -73,7 +73,7 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
             else:
                 args.append(ctx.values[name])
         try:
-            result = PARSERS[node.op_type](ctx, args)
+            result = PARSERS[_op_key(node)](ctx, args)
         except FusegraphError:
             raise
         except (ValueError, TypeError, IndexError, AssertionError) as e:
@@ -94,6 +94,9 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     module.set_returns(returns, [o.name for o in graph.output])
     module.remove_dead_code()
     program.meta.update(opset=opset, producer=f"{model.producer_name} {model.producer_version}".strip())
+    ranges = next((p.value for p in model.metadata_props if p.key == "fusegraph.input_ranges"), None)
+    if ranges:  # the integer inputs' value ranges (see driver/inputs.input_ranges)
+        program.meta["input_ranges"] = ranges
     return program
 
 
@@ -106,10 +109,16 @@ def _opset(model: onnx.ModelProto) -> int:
     return opset
 
 
+def _op_key(node: onnx.NodeProto) -> str:
+    """The parser registry's name of a node's op: its type, prefixed by any non-standard domain
+    (`com.microsoft.Attention` is not ONNX's `Attention`)."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
 def _check_supported(graph: onnx.GraphProto) -> None:
     bad: dict[str, list[str]] = {}
     for k, node in enumerate(graph.node):
-        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        op = _op_key(node)
         if op not in PARSERS:
             bad.setdefault(op, []).append(node.name or f"{node.op_type}_{k}")
     if bad:

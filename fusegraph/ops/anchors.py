@@ -44,6 +44,12 @@ def _windows(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilati
     return w[idx]
 
 
+# A convolution with one input channel per group and at most this many output channels per
+# group runs as a direct depthwise convolution: as an implicit GEMM each group is a product
+# whose N is those few channels, and a tensor-core tile is at least 16 columns wide
+DEPTHWISE_MAX_MULTIPLIER = 8
+
+
 @register
 class Convolution(Op):
     """N-d convolution of x [N, C, *spatial] with w [M, C/group, *kernel]; padding is begins then ends."""
@@ -63,6 +69,15 @@ class Convolution(Op):
 
     def weight_channel_axis(self, rank: int) -> int:
         return 0
+
+    def is_depthwise(self, inputs: Sequence[Shape]) -> bool:
+        """One input channel per group (weights [M, 1, *kernel]) and at most
+        DEPTHWISE_MAX_MULTIPLIER output channels per group."""
+        _, w = inputs
+        return w.lens[1] == 1 and w.lens[0] // self.group <= DEPTHWISE_MAX_MULTIPLIER
+
+    def template_family(self, inputs: Sequence[Shape]) -> str:
+        return "depthwise" if self.is_depthwise(inputs) else self.family
 
     def out_spatial(self, x: Sequence[int], kernel: Sequence[int]) -> list[int]:
         k = len(kernel)
@@ -207,6 +222,7 @@ class Dot(Op):
     kind = OpKind.ANCHOR
     family = "gemm"
     weight_input = 1
+    k_is_last_axis = True
 
     def channel_axis(self, rank: int) -> int:
         return rank - 1

@@ -8,14 +8,18 @@ template, its spelling there):
 * `kind`: how fusion treats it. Pointwise ops fuse with each other, views become index maps,
   anchors (convolution, dot, pooling) take a prologue and an epilogue, reductions fuse with a
   recomputed pointwise prologue, data movement runs on its own; `MEMORY` ops (load, store,
-  allocate) exist only inside fused groups.
-* `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`);
-  empty for ops no template lowers by themselves.
+  allocate, select) exist only inside fused groups.
+* `family`: which GPU template family lowers it (`gemm`, `window`, `movement`, `reduction`,
+  `attention`); empty for ops no template lowers by themselves. `template_family(input shapes)`
+  may name a narrower one for some shapes (`depthwise` for a convolution with one input
+  channel per group).
 * `short_name`: how fused kernel names spell it (`conv` for convolution).
 * views: `input_map` (output index -> the input index it reads), `bijective`, `keeps_order`,
   `broadcasts`, `axis_permutation` (transpose), `ranges` (a unit-step slice).
 * pointwise: `converts_type` (convert), `right_identity` (add, sub: 0; mul, div: 1).
-* anchors: `channel_axis`, `weight_input`, `weight_channel_axis`, `spatial_window`.
+* anchors: `channel_axis`, `weight_input`, `weight_channel_axis`, `spatial_window`,
+  `k_is_last_axis`, `recomputed_inputs` (attention's mask: computed where it is read, once per
+  score).
 * `concatenates` (concat): its inputs lie end to end along its `axis`.
 * reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
   and finalize as target-neutral scalar ops; `in_epilogue` for a reduction that an anchor's
@@ -48,7 +52,7 @@ class OpKind(enum.Enum):
     REDUCE = "reduce"  # reductions and the ops built on them (softmax, layernorm, lrn): fused with a recomputed prologue
     ANCHOR = "anchor"  # convolution, dot, pooling: compute-heavy ops that host fused epilogues
     MOVE = "move"  # data movement that is not a view: concat, gather, pad, resize
-    MEMORY = "memory"  # inside fused groups only: load, store, allocate (see `Op.memory`)
+    MEMORY = "memory"  # inside fused groups only: load, store, allocate, select (see `Op.memory`)
     FUSED = "fused"  # a fused group with a sub-module
     OUTPUT = "output"  # a further value stored by a fused group (`fused_output`), after its first
 
@@ -59,11 +63,12 @@ class OpKind(enum.Enum):
 
 
 class MemoryKind(enum.Enum):
-    """What a MEMORY op does to a fused group's buffers."""
+    """What a MEMORY op does inside a fused group."""
 
     LOAD = "load"  # read an input through an index map
     STORE = "store"  # write a value into a buffer through an index map
     ALLOCATE = "allocate"  # a fresh output buffer
+    SELECT = "select"  # one of its values, chosen by conditions on the index (a concat read in a kernel)
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,9 @@ class Op:
     converts_type: ClassVar[bool] = False  # its value is its input's in another element type
     # anchors
     weight_input: ClassVar[int | None] = None  # which input holds the weights
+    recomputed_inputs: ClassVar[tuple[int, ...]] = ()  # inputs whose pointwise producers its group recomputes
     spatial_window: ClassVar[bool] = False  # slides a window (padding, stride, dilation) over [N, C, *spatial]
+    k_is_last_axis: ClassVar[bool] = False  # a product summing over its first input's last axis (a matrix product)
     # data movement
     concatenates: ClassVar[bool] = False  # lays its inputs end to end along its `axis` attribute
     # reductions
@@ -138,6 +145,11 @@ class Op:
         """For a view that reads one box of its input with unit steps: (axis, start, end) of
         each axis it cuts; else None. An epilogue splits at such a view, by domain."""
         return None
+
+    def template_family(self, inputs: Sequence[Shape]) -> str:
+        """The GPU template family that lowers this op on inputs of these shapes: `family`,
+        unless the shapes make a narrower template the better one (a depthwise convolution)."""
+        return self.family
 
     def channel_axis(self, rank: int) -> int:
         """For an anchor: the axis of its output channels in an output of rank `rank`."""
@@ -235,6 +247,10 @@ def is_store(ins: "Instruction") -> bool:
 
 def is_allocate(ins: "Instruction") -> bool:
     return ins.op.memory == MemoryKind.ALLOCATE
+
+
+def is_select(ins: "Instruction") -> bool:
+    return ins.op.memory == MemoryKind.SELECT
 
 
 def is_float(dtype: np.dtype | type) -> bool:

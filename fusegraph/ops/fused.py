@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fusegraph.ir.dtypes import DType
-from fusegraph.ir.index_expr import Expr, evaluate
+from fusegraph.ir.index_expr import Expr, Var, evaluate
 from fusegraph.ir.index_map import IndexMap
 from fusegraph.ir.shape import Shape
 from fusegraph.ops.base import MemoryKind, Op, OpKind, is_float, register, require
@@ -118,6 +118,44 @@ class Store(MappedOp):
             out[tuple(i[mask] for i in idx)] = value[mask]
         else:
             out[tuple(idx)] = value
+        return out
+
+
+@register
+class Select(Op):
+    """Input k at the indices where its conditions hold (the first such input), the last input
+    elsewhere: a concat read inside a kernel, each part loaded under its own domain.
+
+    `vars` name the dimensions of the value (the index the conditions are written over), so
+    the select can be evaluated at any index the kernel reads it at.
+    """
+
+    name = "select"
+    kind = OpKind.MEMORY
+    memory = MemoryKind.SELECT
+
+    def __init__(self, vars: Sequence[Var], domains: Sequence[Domain]) -> None:
+        super().__init__()
+        self.attrs = {"vars": tuple(vars), "domains": tuple(tuple(d) for d in domains)}
+
+    def attr_text(self) -> str:
+        return "; ".join(domain_text(d) for d in self.attrs["domains"])
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        lens = tuple(v.extent for v in self.attrs["vars"])
+        require(len(inputs) == len(self.attrs["domains"]) + 1, "select needs one more value than conditions")
+        require(all(x.lens == lens and x.dtype == inputs[0].dtype for x in inputs),
+                f"select values must all be {list(lens)} of one type")
+        return inputs[0].as_standard()
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        shape = args[0].shape
+        idx = np.indices(shape, sparse=True) if shape else ()
+        grid = {v.name: a for v, a in zip(self.attrs["vars"], idx)}
+        out = np.array(args[-1], copy=True)
+        for value, domain in reversed(list(zip(args, self.attrs["domains"]))):
+            mask = domain_mask(domain, grid, shape)
+            out[mask] = value[mask]
         return out
 
 

@@ -250,7 +250,9 @@ class EpilogueSum(Op):
 class LayerNorm(Op):
     """(x - mean) / sqrt(var + eps) * scale + bias over the axes from `axis` to the end.
 
-    scale and bias arrive already broadcast to x's lens, so the op is pointwise in them.
+    scale and bias arrive already broadcast to x's lens, so the op is pointwise in them; without
+    them (one input) the op only normalizes, as it does once `fold_norm_affine` has moved a
+    constant affine into the weights of the products that read it.
     """
 
     name = "layernorm"
@@ -265,14 +267,18 @@ class LayerNorm(Op):
         return tuple(range(self.axis, rank))
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
-        x, scale, bias = inputs
+        require(len(inputs) in (1, 3), f"layernorm takes x or x, scale and bias, got {len(inputs)} inputs")
+        x = inputs[0]
         require(0 <= self.axis < x.ndim, f"layernorm axis {self.axis} out of range for rank {x.ndim}")
-        require(scale.lens == x.lens and bias.lens == x.lens, "scale and bias must be broadcast to the input's lens")
+        require(all(p.lens == x.lens for p in inputs[1:]), "scale and bias must be broadcast to the input's lens")
         return x.as_standard()
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
-        x, scale, bias = (a.astype(np.float64) for a in args)
+        x = args[0].astype(np.float64)
         axes = tuple(range(self.axis, x.ndim))
         mean = x.mean(axis=axes, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-        return ((x - mean) / np.sqrt(var + self.epsilon) * scale + bias).astype(args[0].dtype)
+        y = (x - mean) / np.sqrt(var + self.epsilon)
+        if len(args) == 3:
+            y = y * args[1].astype(np.float64) + args[2].astype(np.float64)
+        return y.astype(args[0].dtype)

@@ -10,6 +10,10 @@ of the anchor's output channels, or a sum or mean over a convolution's pixels
 pieces: where an anchor-output index lands in it, on which domain, with which value. The
 group's output is stored through those maps, so the kernel writes the final layout directly.
 
+A product's A operand is read through views and also computes the producers that
+`prologue_rule.py` accepts (pointwise ops, a concat as a select, a layernorm over K), so its
+kernel reads their inputs instead of a tensor written for it; the weights are read as they are.
+
 The same machinery serves reductions and data movement ops (`FuseReductions`,
 `FuseMovement`): their prologue reads through views and recomputes pointwise producers.
 """
@@ -17,7 +21,7 @@ The same machinery serves reductions and data movement ops (`FuseReductions`,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fusegraph.ir.index_expr import bounds
 from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
@@ -25,6 +29,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
+from fusegraph.passes.prologue_rule import PrologueRule
 from fusegraph.passes.reduction_epilogue import pixel_reduction, segment_fold, segment_softmax
 from fusegraph.passes.rewrite import rewrite_each
 
@@ -145,7 +150,9 @@ class _Epilogue:
         A view, slice or concat member read outside is cut off with everything computed from
         it, unless it is the group's only stored value: storing it as well as a value it
         rearranges would write the same elements twice, while left outside it reads the
-        stored value for free (a slice of merged siblings' output, a transposed copy)."""
+        stored value for free (a slice of merged siblings' output, a transposed copy). Where
+        no further output remains, the single-output rule chooses (a view it allows, as the
+        transpose attention reads its heads through, stays the group's value)."""
         users = self.module.users()
         returned = {id(r) for r in self.module.returns}
         kept = {id(m) for m in self.members}
@@ -164,6 +171,8 @@ class _Epilogue:
                 kept -= self._descendants(m)
         group = [m for m in self.members if id(m) in kept]
         extras = [m for m in group[:-1] if read_outside(m)]
+        if not extras:  # one stored value: the old rule's latest, which may be a view it allows
+            return self._single_output()
         if any(u.op.concatenates for m in extras for u in users[m]):
             return self._single_output()  # a concat part is written in place only as a group's value
         out = group[-1]
@@ -228,12 +237,21 @@ def anchor_group(module: Module, anchor: Instruction) -> tuple[Instruction, list
     return grown.out, grown.members
 
 
+def _never(ins: Instruction, at: IndexMap) -> bool:
+    return False
+
+
+def _pointwise(ins: Instruction, at: IndexMap) -> bool:
+    """Every pointwise producer, recomputed: a reduction or a movement op reads each element once."""
+    return ins.op.kind == OpKind.POINTWISE
+
+
 class FuseAnchors:
-    """One fused instruction per anchor, with its prologue views and its invertible epilogue."""
+    """One fused instruction per anchor, with its prologue (views, and for a product what
+    `PrologueRule` accepts) and its invertible epilogue."""
 
     name = "fuse_anchors"
     kinds: tuple[OpKind, ...] = (OpKind.ANCHOR,)
-    inline_prologue = False  # recomputing pointwise producers per tap of a conv is not free
 
     def apply(self, module: Module) -> bool:
         def try_fuse(anchor: Instruction) -> bool:
@@ -250,10 +268,21 @@ class FuseAnchors:
     def wants(self, ins: Instruction) -> bool:
         return ins.op.kind in self.kinds
 
+    def prologue(self, module: Module, anchor: Instruction) -> Callable[[Instruction, IndexMap], bool]:
+        """Which producers of the anchor's first input its kernel computes (`prologue_rule.py`)."""
+        return PrologueRule(module, anchor)
+
     def fuse(self, module: Module, anchor: Instruction) -> Instruction:
-        inline = (lambda ins: True) if self.inline_prologue else (lambda ins: False)
-        b = GroupBuilder(group_name(module), inline)
-        value = b.add(anchor.op, [b.gather(x) for x in anchor.inputs], anchor.origin)
+        rule = self.prologue(module, anchor)
+        b = GroupBuilder(group_name(module), rule)
+        operands = []
+        for k, x in enumerate(anchor.inputs):
+            # the first input's producers by the prologue rule; an input the op reads once per
+            # element (attention's mask) recomputed whole; weights and side inputs read as they are
+            b.inline = rule if k == 0 else _pointwise if k in anchor.op.recomputed_inputs else _never
+            operands.append(b.gather(x))
+        b.inline = _never
+        value = b.add(anchor.op, operands, anchor.origin)
         g = _Epilogue(module, anchor, b).grow(value)
         fused = b.finish(g.out, g.pieces, kernel_name(b.inlined + g.members), g.extras)
         place(module, fused, g.out, g.members, [m for m, _ in g.extras])
@@ -266,7 +295,9 @@ class FuseReductions(FuseAnchors):
 
     name = "fuse_reductions"
     kinds = (OpKind.REDUCE,)
-    inline_prologue = True
+
+    def prologue(self, module: Module, anchor: Instruction) -> Callable[[Instruction, IndexMap], bool]:
+        return _pointwise
 
 
 class FuseMovement(FuseAnchors):
@@ -275,7 +306,9 @@ class FuseMovement(FuseAnchors):
 
     name = "fuse_movement"
     kinds = (OpKind.MOVE,)
-    inline_prologue = True
+
+    def prologue(self, module: Module, anchor: Instruction) -> Callable[[Instruction, IndexMap], bool]:
+        return _pointwise
 
     def wants(self, ins: Instruction) -> bool:
         # movement with an index map (a resize that reads `o // k`) is a view: its reader loads through it

@@ -46,7 +46,7 @@ class FusePointwise:
         def fuse(root: Instruction) -> bool:
             if id(root) not in root_ids:
                 return False
-            b = GroupBuilder(group_name(module), inline=lambda ins: id(ins) not in root_ids)
+            b = GroupBuilder(group_name(module), inline=lambda ins, at: ins.op.kind == OpKind.POINTWISE and id(ins) not in root_ids)
             try:
                 value = b.add(root.op, [b.gather(x) for x in root.inputs], root.origin)
             except Unfusable:

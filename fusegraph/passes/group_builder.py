@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from fusegraph.ir.index_expr import bounds
 from fusegraph.ir.index_map import IndexMap, identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import Op, OpKind, is_fused
 from fusegraph.ops.base import input_map_of as view_input_map
-from fusegraph.ops.fused import Allocate, Domain, Fused, FusedOutput, Load, Store
+from fusegraph.ops.fused import Allocate, Domain, Fused, FusedOutput, Load, Select, Store
 from fusegraph.ops.source import add_param
 from fusegraph.passes.dead_code import DeadCodeElimination
 
@@ -36,7 +37,7 @@ class Piece:
 class GroupBuilder:
     """Accumulates one group's sub-module; outside instructions become its inputs."""
 
-    def __init__(self, name: str, inline: Callable[[Instruction], bool] = lambda ins: False) -> None:
+    def __init__(self, name: str, inline: Callable[[Instruction, IndexMap], bool] = lambda ins, at: False) -> None:
         self.sub = Module(name)
         self.inputs: list[Instruction] = []
         self._params: dict[int, Instruction] = {}
@@ -73,8 +74,16 @@ class GroupBuilder:
                 break
             cur = vm.after(cur)
             src = src.inputs[0]
-        if src.op.kind == OpKind.POINTWISE and self.inline(src):
+        if src.op.kind == OpKind.POINTWISE and self.inline(src, cur):
             value = self.add(src.op, [self.gather(x, cur, domain) for x in src.inputs], src.origin)
+            self.inlined.append(src)
+        elif src.op.concatenates and self.inline(src, cur):
+            value = self._select(src, cur, domain)
+            self.inlined.append(src)
+        elif src.op.algorithm == "layernorm" and self.inline(src, cur):
+            # the rows keep their last axis whole (the rule checked): normalize over it here
+            value = self.add(type(src.op)(cur.out_rank - 1, src.op.attrs["epsilon"]),
+                             [self.gather(src.inputs[0], cur, domain)], src.origin)
             self.inlined.append(src)
         else:
             lkey = (id(src), cur, domain)
@@ -83,6 +92,26 @@ class GroupBuilder:
             value = self._loads[lkey]
         self._gathers[key] = value
         return value
+
+    def _select(self, concat: Instruction, m: IndexMap, domain: Domain) -> Instruction:
+        """A concat read at `m(i)`: each part loaded where the index falls in its range along
+        the axis (zero elsewhere), the parts combined by a select on the same ranges."""
+        axis = concat.op.attrs["axis"]
+        e, (lo, hi) = m.exprs[axis], bounds(m.exprs[axis])
+        values, domains, start = [], [], 0
+        for x in concat.inputs:
+            n = x.shape.lens[axis]
+            start, first = start + n, start
+            if hi < first or lo >= start:
+                continue  # never read at this map
+            exprs = list(m.exprs)
+            exprs[axis] = e - first
+            cond = () if lo >= first and hi < start else ((e, first, start),)
+            values.append(self.gather(x, IndexMap(m.out_vars, exprs, x.shape.lens), domain + cond))
+            domains.append(cond)
+        if len(values) == 1:
+            return values[0]
+        return self.add(Select(m.out_vars, domains[:-1]), values, concat.origin)
 
     def finish(self, out: Instruction, pieces: Sequence[Piece], kernel: str,
                extras: Sequence[tuple[Instruction, Sequence[Piece]]] = ()) -> Instruction:

@@ -1,7 +1,8 @@
 """The default pass pipelines.
 
-Canonicalization first, so fusion sees the simplest graph; then sibling anchors that read
-the same input merge into one (horizontal fusion), anchors take their epilogues (they are
+Canonicalization first, so fusion sees the simplest graph; then attention written as plain
+ops becomes one anchor, sibling anchors that read the same input merge into one (horizontal
+fusion), anchors take their epilogues (they are
 the expensive kernels and must absorb the most), then reductions and data movement, then
 whatever pointwise ops are left, and finally concats become buffers that their producers
 write into.
@@ -19,7 +20,9 @@ from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.eliminate_concat import EliminateConcat
 from fusegraph.passes.eliminate_identity import EliminateIdentity
 from fusegraph.passes.fold_into_weights import FoldIntoWeights
+from fusegraph.passes.fold_norm_affine import FoldNormAffine
 from fusegraph.passes.fuse_anchors import FuseAnchors, FuseMovement, FuseReductions
+from fusegraph.passes.fuse_attention import FuseAttention
 from fusegraph.passes.fuse_pointwise import FusePointwise
 from fusegraph.passes.manager import Pass, PassReport, run_passes
 from fusegraph.passes.merge_siblings import MergeSiblings
@@ -30,11 +33,11 @@ from fusegraph.passes.space_to_depth import SpaceToDepth
 
 def canonicalize_passes() -> list[Pass]:
     return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), SimplifyViews(),
-            FoldIntoWeights(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
+            FoldIntoWeights(), FoldNormAffine(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
 
 
 def fusion_passes() -> list[Pass]:
-    return [MergeSiblings(), FuseAnchors(), FuseReductions(), FuseMovement(), FusePointwise(), EliminateConcat(), DeadCodeElimination()]
+    return [FuseAttention(), MergeSiblings(), FuseAnchors(), FuseReductions(), FuseMovement(), FusePointwise(), EliminateConcat(), DeadCodeElimination()]
 
 
 def default_pipeline() -> list[Pass]:

@@ -31,6 +31,12 @@ from fusegraph.passes.group_builder import GroupBuilder, Piece
 MAX_RUN = 256  # the widest N tile the GEMM template chooses for a run
 
 
+def gemm_template(anchor: Instruction) -> bool:
+    """Whether `anchor` is a product the GEMM template lowers, the one that reduces in its
+    epilogue (a depthwise convolution has a template of its own)."""
+    return anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) == "gemm"
+
+
 def run_length(m: IndexMap, anchor: Instruction, axis: int) -> int | None:
     """L when axis `axis` of the tensor `m` maps to is the anchor's channel index modulo L and
     no other axis reads the channel index but by its quotient; None otherwise."""
@@ -49,7 +55,7 @@ def run_length(m: IndexMap, anchor: Instruction, axis: int) -> int | None:
 def segment_softmax(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
     """The pieces of softmax `ins` computed in `anchor`'s epilogue from its input's `pieces`,
     or None when its runs do not lie within tiles of the anchor's output channels."""
-    if ins.op.algorithm != "softmax" or anchor.op.kind != OpKind.ANCHOR or anchor.op.family != "gemm":
+    if ins.op.algorithm != "softmax" or not gemm_template(anchor):
         return None
     if anchor.op.attrs.get("group", 1) != 1 or len(pieces) != 1 or pieces[0].domain:
         return None  # grouped products tile their channels per group; split branches have parts only
@@ -68,7 +74,7 @@ def segment_fold(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: 
     red = ins.op.reduction
     if red is None or red.combine not in ("add", "max", "min") or red.finalize not in (None, "div"):
         return None
-    if anchor.op.kind != OpKind.ANCHOR or anchor.op.family != "gemm" or anchor.op.attrs.get("group", 1) != 1:
+    if not gemm_template(anchor) or anchor.op.attrs.get("group", 1) != 1:
         return None
     axes = ins.op.reduced_axes(ins.shape.ndim)
     if len(axes) != 1 or len(pieces) != 1 or pieces[0].domain:
@@ -89,7 +95,7 @@ def pixel_reduction(anchor: Instruction, ins: Instruction, pieces: list[Piece], 
     red = ins.op.reduction
     if red is None or red.combine != "add" or red.finalize not in (None, "div") or ins.shape.dtype == DType.float64:
         return None  # (the parts are added in float32)
-    if anchor.op.family != "gemm" or not anchor.op.spatial_window or len(pieces) != 1 or pieces[0].domain:
+    if not gemm_template(anchor) or not anchor.op.spatial_window or len(pieces) != 1 or pieces[0].domain:
         return None
     (p,) = pieces
     reduced = set(ins.op.reduced_axes(ins.shape.ndim))

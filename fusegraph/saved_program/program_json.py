@@ -7,6 +7,7 @@ describe a program but never run code of its own.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -24,7 +25,8 @@ _REBUILT_KINDS = {OpKind.POINTWISE, OpKind.VIEW, OpKind.REDUCE, OpKind.ANCHOR, O
 
 
 def program_to_json(program: Program, where: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The JSON of `program` and its literals' arrays by tensor name ("literal<position>")."""
+    """The JSON of `program` and its literals' arrays by tensor name. A tensor is named by its
+    content, so equal literals (of this program or of others saved in the same file) are stored once."""
     if any(is_fused(i) for i in program.main):
         raise SavedProgramError(f"{where}: the program is fused; save the unfused program (from parse_onnx)")
     position = {id(ins): k for k, ins in enumerate(program.main)}
@@ -33,7 +35,9 @@ def program_to_json(program: Program, where: str) -> tuple[dict[str, Any], dict[
         entry: dict[str, Any] = {"op": ins.op.name, "origin": ins.origin, "shape": _shape_json(ins.shape),
                                  "inputs": [position[id(x)] for x in ins.inputs]}
         if isinstance(ins.op, Literal):
-            tensors[f"literal{k}"] = _storable(ins.op.value)
+            value = _storable(ins.op.value)
+            entry["tensor"] = _tensor_name(value)
+            tensors[entry["tensor"]] = value
         else:
             entry["attrs"] = {a: _value_json(v, f"{where}: instruction {k} ({ins.op.name}) attribute {a!r}")
                               for a, v in ins.op.attrs.items()}
@@ -72,7 +76,7 @@ def _instruction(entry: dict[str, Any], built: list[Instruction], tensors: dict[
         return make_param(entry["attrs"]["name"], _shape_from_json(entry["shape"]))
     if name == "@literal":
         shape = _shape_from_json(entry["shape"])
-        value = tensors[f"literal{len(built)}"]
+        value = tensors[entry["tensor"]]
         if shape.dtype == DType.bfloat16:
             value = value.view(shape.dtype.numpy)
         return make_literal(value.reshape(shape.lens), origin=entry["origin"])
@@ -93,6 +97,12 @@ def _index(i: Any, n: int) -> int:
     if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n:
         raise ValueError(f"instruction reference {i!r} is not an earlier instruction")
     return i
+
+
+def _tensor_name(value: np.ndarray) -> str:
+    digest = hashlib.sha256(f"{value.dtype.str}:{list(value.shape)};".encode())
+    digest.update(value.reshape(-1).view(np.uint8))
+    return "t" + digest.hexdigest()[:32]
 
 
 def _storable(value: np.ndarray) -> np.ndarray:

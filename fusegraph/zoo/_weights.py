@@ -15,6 +15,8 @@ Scales (per kind of parameter slot):
   bn_var                     U(0.5, 1.5)    (positive, away from 0: no blow-up through 1/sqrt(var))
   channel_scale (a Mul)      U(0.5, 1.5)    (caffe2-style affine after BN in the light models)
   channel_shift (an Add)     N(0, 0.1^2)
+  norm_scale / norm_bias     U(0.5, 1.5) / N(0, 0.1^2)   (LayerNormalization's affine)
+  embedding                  N(0, 1)        (token tables: a LayerNorm follows the lookup anyway)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 KINDS = (
     "conv_weight", "conv_bias", "gemm_weight", "gemm_bias",
     "bn_scale", "bn_bias", "bn_mean", "bn_var", "channel_scale", "channel_shift",
+    "norm_scale", "norm_bias", "embedding",
 )
 
 
@@ -58,9 +61,11 @@ def make(kind: str, dims: Sequence[int], *, model_seed: str, tensor_name: str,
     elif kind in ("conv_bias", "gemm_bias"):
         out = rng.standard_normal(shape, dtype=np.float32)
         out *= np.float32(0.01)
-    elif kind in ("bn_bias", "bn_mean", "channel_shift"):
+    elif kind == "embedding":
+        out = rng.standard_normal(shape, dtype=np.float32)
+    elif kind in ("bn_bias", "bn_mean", "channel_shift", "norm_bias"):
         out = rng.standard_normal(shape, dtype=np.float32)
         out *= np.float32(0.1)
-    else:  # bn_scale, bn_var, channel_scale
+    else:  # bn_scale, bn_var, channel_scale, norm_scale
         out = rng.uniform(0.5, 1.5, shape).astype(np.float32)
     return out.astype(np.dtype(dtype), copy=False)

@@ -43,6 +43,11 @@ GPU_EXCLUDED: dict[str, str] = {
     # 3.96e-4 from the exact result against onnx's 4.91e-4, and the same 2 of 192 outputs are
     # 2 float16 ULPs from onnx's per-op-rounded values, above rtol=1e-3.
     "test_attention_4d_causal_fp16_expanded": "float16 rounding: 2 of 192 outputs 2 ULPs from onnx's per-op-rounded reference (ours is closer to exact, and equals the reference target's)",
+    # The attention kernel rounds the softmax probabilities to float16 for its tensor-core
+    # product with V, as flash attention does (a float32 product would run at a fraction of the
+    # speed); the reference target, which rounds once at the end, passes both.
+    "test_attention_4d_fp16": "float16 rounding: probabilities rounded to float16 for the product with V, 2 of 192 outputs 2 ULPs from onnx's reference",
+    "test_attention_4d_causal_fp16": "float16 rounding: probabilities rounded to float16 for the product with V, 1 of 192 outputs 2 ULPs from onnx's reference",
 }
 
 #: gpu target under Triton's interpreter only (CPU, no GPU): test name -> one-line reason. The

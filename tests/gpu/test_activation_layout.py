@@ -72,7 +72,9 @@ def test_only_convolution_kernels_store_their_feature_maps_channels_last():
     from tests.helpers import make_model, rand
 
     def model(second):
-        nodes = [helper.make_node("Exp", ["x"], ["e"]), second, helper.make_node("Sigmoid", ["p"], ["y"])]
+        # e is also read by the add, so the product reads it from a buffer (not computed in its prologue)
+        nodes = [helper.make_node("Exp", ["x"], ["e"]), second, helper.make_node("Add", ["p", "e"], ["q"]),
+                 helper.make_node("Sigmoid", ["q"], ["y"])]
         return make_model(nodes, {"x": [2, 8, 4, 4]}, ["y"], {"w": rand(*weights[second.op_type], seed=1)})
 
     weights = {"Conv": (8, 8, 3, 3), "MatMul": (4, 4)}

@@ -113,11 +113,12 @@ def test_the_epilogue_reduction_kernels_compile_for_sm90():
     from fusegraph.ops.base import is_fused
     from fusegraph.passes.pipeline import fuse
     from fusegraph.passes.to_half import ToHalf
-    from fusegraph.targets.gpu.ahead_of_time import arg_dtypes, compile_for
+    from fusegraph.targets.gpu.ahead_of_time import arg_dtypes, compile_many
     from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
     from fusegraph.targets.gpu.device import H200
     from tests.passes.test_reduction_epilogue import se_model
 
+    jobs = []
     for model in (se_model(batch=2, hw=12), head_model(192, [1, 12, 3, 64], [0, 2, 1, 3]), residual_model()):
         program = parse_onnx(model)
         ToHalf(DType.float16).apply(program.main)
@@ -125,7 +126,8 @@ def test_the_epilogue_reduction_kernels_compile_for_sm90():
         plan = plan_program(program.main)
         ins = next(i for i in program.main if is_fused(i))
         src = generate(ins, 0, kernel_inputs(ins, plan))
-        r = compile_for(src, arg_dtypes(ins, src))
+        jobs.append((src, arg_dtypes(ins, src)))
+    for (src, _), r in zip(jobs, compile_many(jobs, workers=1)):
         assert r.cubin_bytes > 0 and r.shared_bytes <= H200.shared_bytes_per_block, src.name
 
 

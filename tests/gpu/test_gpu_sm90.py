@@ -30,7 +30,7 @@ def _kernels(model: str, half: bool, batch: int = 1):
         program = parse_onnx(model)
     else:  # the graph bench/yolov5s.py runs at batch 32: the large-tile candidates come first
         from fusegraph import zoo
-        from bench.yolov5s import with_batch
+        from fusegraph.onnx.rebatch import with_batch
 
         program = parse_onnx(with_batch(zoo.load(model), batch), input_dims={"images": [batch, 3, 640, 640]})
     if half:

@@ -24,17 +24,24 @@ SLOW = ["yolov5s-bn-160", "light_squeezenet", "light_inception_v1", "light_shuff
         "light_zfnet512", "light_vgg19", "light_inception_v2"]
 
 
-def _check(name: str, fp16: bool = False) -> None:
+def _check(name: str, fp16: bool = False, tune: bool = False) -> None:
+    """The model's outputs against the reference target, and a second run (buffers poisoned
+    again) bit-identical to the first: no kernel's result may depend on the order in which its
+    programs ran (split-k included)."""
     program = parse_onnx(name)
-    compiled = api.compile(program, "gpu", tune=False, fp16=fp16)
+    compiled = api.compile(program, "gpu", tune=tune, fp16=fp16)
     inputs = random_inputs(program.input_shapes, seed=11)
     want = api.run(program, inputs)
-    compiled.poison()
-    got = compiled.run(inputs)
+    runs = []
+    for _ in range(2):
+        compiled.poison()
+        runs.append({k: np.array(v) for k, v in compiled.run(inputs).items()})
+    got = runs[0]
     for out, value in want.items():
         g = np.asarray(got[out], dtype=np.float32)
         assert not np.isnan(g).any(), f"{name} {out}: {np.isnan(g).sum()} elements left unwritten"
         assert rel_err(g, value) < (1e-2 if fp16 else 1e-4), f"{name} {out}: {rel_err(g, value)}"
+        assert np.array_equal(runs[1][out], got[out]), f"{name} {out}: two runs differ"
 
 
 @pytest.mark.parametrize("name", QUICK)
@@ -51,3 +58,10 @@ def test_zoo_model_on_gpu_target_slow(name: str) -> None:
 
 def test_yolov5s_fp16_on_gpu_target() -> None:
     _check("yolov5s-160", fp16=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_gpu(), reason="tuned configs and CUDA graphs need a GPU")
+@pytest.mark.parametrize("name", ["yolov5s"])
+def test_tuned_fp16_model_runs_bit_identically_twice(name: str) -> None:
+    _check(name, fp16=True, tune=True)

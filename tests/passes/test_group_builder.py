@@ -31,7 +31,7 @@ def viewed() -> Program:
 def group_the_relu(p: Program, inline: bool) -> GroupBuilder:
     m = p.main
     relu = m.instructions[-1]
-    b = GroupBuilder(group_name(m), inline=lambda ins: inline)
+    b = GroupBuilder(group_name(m), inline=lambda ins, at: inline)
     value = b.add(relu.op, [b.gather(x) for x in relu.inputs], relu.origin)
     fused = b.finish(relu, [Piece(identity_map(relu.shape.lens), (), value)], kernel_name(b.inlined + [relu]))
     place(m, fused, relu, [relu])

@@ -30,11 +30,12 @@ def conv_pool_concat():
 def test_the_pipeline_is_canonicalization_then_fusion():
     assert [p.name for p in canonicalize_passes()] == [
         "dead_code_elimination", "constant_propagation", "eliminate_identity", "simplify_views", "fold_into_weights",
+        "fold_norm_affine",
         "pad_channel_groups", "space_to_depth", "constant_propagation", "compact_literals", "eliminate_identity",
         "dead_code_elimination"]
     assert [p.name for p in fusion_passes()] == [
-        "merge_siblings", "fuse_anchors", "fuse_reductions", "fuse_movement", "fuse_pointwise", "eliminate_concat",
-        "dead_code_elimination"]
+        "fuse_attention", "merge_siblings", "fuse_anchors", "fuse_reductions", "fuse_movement", "fuse_pointwise",
+        "eliminate_concat", "dead_code_elimination"]
     assert [p.name for p in default_pipeline()] == [p.name for p in canonicalize_passes() + fusion_passes()]
 
 

@@ -21,7 +21,7 @@ POINTER_TYPES = {DType.float32: "*fp32", DType.float16: "*fp16", DType.bfloat16:
 
 
 # the split-k workspace and tile counters, the pixel sums' parts (float32 bits) and counters
-SCRATCH_TYPES = {"ws": DType.float32, "cnt": DType.int32, "part": DType.int32, "pcnt": DType.int32}
+SCRATCH_TYPES = {"ws": DType.float32, "cnt": DType.int32, "part": DType.float32, "pcnt": DType.int32}
 
 
 def arg_dtypes(fused: Any, src: KernelSource) -> list[DType]:

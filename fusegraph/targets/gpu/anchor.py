@@ -13,7 +13,8 @@ from fusegraph.targets.gpu.errors import CodegenError
 
 def find_anchor(fused: Instruction) -> Instruction | None:
     """The one op of the group that is not pointwise, load, store, allocation or a reduction
-    within the anchor's tile."""
+    within the anchor's tile; a product's prologue may also hold normalizations, which the
+    product's template computes."""
     anchors = []
     for ins in fused.op.module:
         if ins.op.kind in (OpKind.PARAM, OpKind.MEMORY, OpKind.POINTWISE) or ins.op.in_epilogue:
@@ -21,6 +22,9 @@ def find_anchor(fused: Instruction) -> Instruction | None:
         if not ins.op.family:
             raise CodegenError(f"kernel {fused.op.attrs['kernel']}: the GPU target has no template for op {ins.op.name}")
         anchors.append(ins)
+    products = [a for a in anchors if a.op.kind == OpKind.ANCHOR]
+    if len(products) == 1 and all(a.op.algorithm == "layernorm" for a in anchors if a is not products[0]):
+        return products[0]
     if len(anchors) > 1:
         raise CodegenError(f"kernel {fused.op.attrs['kernel']} holds {len(anchors)} anchors "
                            f"({', '.join(a.op.name for a in anchors)}); one per kernel is supported")

@@ -22,7 +22,7 @@ from fusegraph.targets.gpu.anchor import find_anchor
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import CodegenError, KernelInputs
 from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, plan_memory, stored_buffer_input, strided_shape
-from fusegraph.targets.gpu.templates import gemm, movement, reduction, window  # noqa: F401  (they register what they lower)
+from fusegraph.targets.gpu.templates import attention, depthwise, gemm, movement, reduction, window  # noqa: F401  (they register what they lower)
 from fusegraph.targets.gpu.templates.flat import flat_kernel
 from fusegraph.targets.gpu.templates.registry import template_for
 from fusegraph.targets.gpu.weight_layout import choose_weight_layouts
@@ -45,7 +45,7 @@ def generate(fused: Instruction, position: int, inputs: KernelInputs, allow_tf32
         if anchor is None:
             src = flat_kernel(name, kernel, module, inputs)
         else:
-            src = template_for(anchor.op)(name, kernel, module, inputs, anchor, allow_tf32, interpret)
+            src = template_for(anchor.op, [x.shape for x in anchor.inputs])(name, kernel, module, inputs, anchor, allow_tf32, interpret)
     except CodegenError as e:
         raise CodegenError(f"kernel {name} ({fused.origin or kernel}): {e}") from None
     src.interpret = interpret

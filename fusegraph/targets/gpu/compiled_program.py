@@ -18,10 +18,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from fusegraph.errors import InputError
+from fusegraph.errors import FusegraphError, InputError, TargetUnavailableError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.targets.gpu.bound_program import BoundProgram
+from fusegraph.targets.gpu.device_errors import kernel_failed, out_of_memory
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 from fusegraph.targets.gpu.memory_plan import Buffer, BufferKind, MemoryPlan
 
@@ -33,8 +34,8 @@ def use_interpreter_without_gpu() -> bool:
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         return False
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("no GPU: the kernels need Triton's interpreter, which must be switched on before "
-                           "triton is imported; set TRITON_INTERPRET=1 in the environment")
+        raise TargetUnavailableError("no GPU: the kernels need Triton's interpreter, which must be switched on "
+                                     "before triton is imported; set TRITON_INTERPRET=1 in the environment")
     os.environ["TRITON_INTERPRET"] = "1"
     return True
 
@@ -67,6 +68,30 @@ def torch_dtype(d: DType) -> Any:
             DType.int16: torch.int16, DType.int8: torch.int8, DType.uint8: torch.uint8, DType.bool: torch.bool}[d]
 
 
+class WeightPool:
+    """Device copies of literals by content, shared by the programs compiled with one pool: the
+    per-size programs of a dynamic batch hold the same weights, uploaded once."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[tuple[Any, ...], Any] = {}
+
+    def upload(self, value: np.ndarray, perm: tuple[int, ...] | None, device: str) -> Any:
+        """The flat device tensor of `value` (transposed by `perm` first when given)."""
+        import hashlib
+
+        value = np.ascontiguousarray(value)
+        key = (value.dtype.str, value.shape, perm, device, hashlib.sha256(value.reshape(-1).view(np.uint8)).hexdigest())
+        if key not in self._tensors:
+            self._tensors[key] = upload_literal(value, perm, device)
+        return self._tensors[key]
+
+
+def upload_literal(value: np.ndarray, perm: tuple[int, ...] | None, device: str) -> Any:
+    """A flat device copy of `value`, transposed by `perm` first when given."""
+    laid_out = np.ascontiguousarray(value if perm is None else np.transpose(value, perm))
+    return host_to_torch(laid_out.reshape(-1).copy()).to(device)
+
+
 @dataclass
 class Kernel:
     """One launch: the generated source, the Triton function, its config and arguments."""
@@ -84,7 +109,12 @@ class Kernel:
     def launch(self, tensors: list[Any], config: Config | None = None) -> None:
         c = config or self.config
         constexprs = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
-        self.fn[self.src.grid(c)](*tensors, **constexprs, num_warps=c["num_warps"], num_stages=c["num_stages"])
+        try:
+            self.fn[self.src.grid(c)](*tensors, **constexprs, num_warps=c["num_warps"], num_stages=c["num_stages"])
+        except FusegraphError:
+            raise
+        except Exception as e:  # noqa: BLE001 - Triton's own error, said with the kernel's name
+            raise kernel_failed(self.src, self.ins.origin, c, e) from e
 
 
 class CompiledProgram:
@@ -92,7 +122,7 @@ class CompiledProgram:
     is the BoundProgram of the last `bind` (or run), None before the first."""
 
     def __init__(self, program: Program, kernels: list[Kernel], plan: MemoryPlan, device: str,
-                 compile_seconds: float, options: dict[str, Any]) -> None:
+                 compile_seconds: float, options: dict[str, Any], weights: WeightPool | None = None) -> None:
         import torch
 
         self.program = program
@@ -108,6 +138,19 @@ class CompiledProgram:
         self._returns = dict(zip(main.return_names, main.returns))
         self._tensors: dict[int, Any] = {}  # buffer id -> its flat tensor
         self._staged: dict[str, Any] = {}  # device copies of host (NumPy) inputs, at fixed addresses
+        try:
+            self._allocate(main, plan, device, weights)
+        except torch.cuda.OutOfMemoryError:
+            raise out_of_memory(plan, device) from None
+        self._graphs: dict[tuple, tuple[Any, BoundProgram]] = {}  # input addresses -> CUDA graph
+        self._graph_key: tuple | None = None  # the graph `replay` runs
+        self.bound: BoundProgram | None = None
+
+    def _allocate(self, main: Any, plan: MemoryPlan, device: Any, weights: WeightPool | None) -> None:
+        """Upload the weights (through `weights` when programs share them) and make the arena,
+        output and scratch buffers."""
+        import torch
+
         arena = torch.empty(max(plan.arena_bytes, 1), dtype=torch.uint8, device=device)
         self._arena = arena
         for ins in main.instructions:
@@ -117,8 +160,8 @@ class CompiledProgram:
             dt = torch_dtype(b.shape.dtype)
             n = max(1, b.shape.elements)
             if b.kind == BufferKind.LITERAL:
-                value = np.ascontiguousarray(ins.op.value if b.perm is None else np.transpose(ins.op.value, b.perm))
-                self._tensors[b.id] = host_to_torch(value.reshape(-1).copy()).to(device)
+                upload = weights.upload if weights is not None else upload_literal
+                self._tensors[b.id] = upload(ins.op.value, b.perm, device)
             elif b.kind == BufferKind.ARENA:
                 self._tensors[b.id] = arena[b.offset:b.offset + n * b.shape.dtype.itemsize].view(dt)
             elif b.kind == BufferKind.OUTPUT:
@@ -126,9 +169,6 @@ class CompiledProgram:
         for b in plan.buffers:
             if b.kind == BufferKind.SCRATCH:
                 self._tensors[b.id] = torch.zeros(max(1, b.shape.elements), dtype=torch_dtype(b.shape.dtype), device=device)
-        self._graphs: dict[tuple, tuple[Any, BoundProgram]] = {}  # input addresses -> CUDA graph
-        self._graph_key: tuple | None = None  # the graph `replay` runs
-        self.bound: BoundProgram | None = None
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -144,13 +184,15 @@ class CompiledProgram:
                          for k in self.kernels)
 
     def poison(self) -> None:
-        """Fill every intermediate and output buffer with NaN (integers with their minimum), so
-        a test run shows any element a kernel failed to write."""
+        """Fill every intermediate and output buffer, and the split-k slots, with NaN (integers
+        with their minimum), so a test run shows any element a kernel failed to write or a
+        partial sum it read before it was written. The tile counters stay zero."""
         import torch
 
         self._arena.fill_(0xFF)  # NaN in every float format, -1 in integers
+        workspace = self.plan.scratch.get("ws")
         for b in self.plan.buffers:
-            if b.kind == BufferKind.OUTPUT:
+            if b.kind == BufferKind.OUTPUT or b is workspace:
                 t = self._tensors[b.id]
                 t.fill_(float("nan") if t.is_floating_point() else (True if t.dtype == torch.bool else torch.iinfo(t.dtype).min))
 

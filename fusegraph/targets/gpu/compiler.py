@@ -12,7 +12,9 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
 from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
-from fusegraph.targets.gpu.compiled_program import CompiledProgram, Kernel, torch_dtype, use_interpreter_without_gpu
+from fusegraph.targets.gpu.compiled_program import (CompiledProgram, Kernel, WeightPool, torch_dtype,
+                                                    use_interpreter_without_gpu)
+from fusegraph.targets.gpu.device_errors import every_config_failed
 from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_loader import cache_dir, load_kernel
 from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS, Config, KernelSource
@@ -31,11 +33,13 @@ def _is_fused_program(program: Program) -> bool:
 
 def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, allow_tf32: bool = False,
                 tune: bool = True, exhaustive_tune: bool = False,
-                progress: Callable[[str, int, int], None] | None = None) -> CompiledProgram:
+                progress: Callable[[str, int, int], None] | None = None,
+                weights: WeightPool | None = None) -> CompiledProgram:
     """Compile `program` (fused here unless it already is; a copy, the argument is kept).
 
     fp16/bf16 convert weights and inputs before fusion; products accumulate in fp32. Without
-    a GPU the kernels run under Triton's interpreter and are not tuned.
+    a GPU the kernels run under Triton's interpreter and are not tuned. Programs compiled with
+    one `weights` pool share the device copies of equal literals.
     """
     start = time.monotonic()
     interpret = use_interpreter_without_gpu()
@@ -54,9 +58,9 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     _plan_scratch(plan, sources)
     kernels = _kernels(fused, sources, plan, interpret, progress)
     options = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32}
-    compiled = CompiledProgram(p, kernels, plan, device, 0.0, options)
-    if not interpret and tune:
-        _tune(compiled, exhaustive_tune, progress)
+    compiled = CompiledProgram(p, kernels, plan, device, 0.0, options, weights)
+    if tune:
+        tune_program(compiled, exhaustive_tune, progress)
     compiled.compile_seconds = time.monotonic() - start
     compiled.startup_seconds = startup
     return compiled
@@ -80,15 +84,16 @@ def _fused_copy(program: Program, fp16: bool, bf16: bool) -> Program:
 
 
 def _plan_scratch(plan: MemoryPlan, sources: list[KernelSource]) -> None:
-    """The split-k scratch ("ws" partial sums, "cnt" tile counters), sized for the largest
+    """The split-k scratch ("ws" partial-sum slots, "cnt" tile counters), sized for the largest
     need of any config of any kernel, since tuning may pick any of them. One pair serves every
-    kernel: they run one after another and each leaves it zeroed."""
+    kernel: they run one after another, each overwrites the slots it reads, and each leaves
+    the counters zeroed."""
     need = [workspace_elements(src, c) for src in sources for c in src.configs]
     plan.add_scratch("ws", Shape.of(DType.float32, [max([1] + [n for n, _ in need])]))
     plan.add_scratch("cnt", Shape.of(DType.int32, [max([1] + [t for _, t in need])]))
     sums = [pixel_sum_workspace(src, c) for src in sources if src.pixel_sums for c in src.configs]
     if sums:  # the parts and counters of sums over pixels (templates/gemm_reduce.py)
-        plan.add_scratch("part", Shape.of(DType.int32, [max(n for n, _ in sums)]))
+        plan.add_scratch("part", Shape.of(DType.float32, [max(n for n, _ in sums)]))
         plan.add_scratch("pcnt", Shape.of(DType.int32, [max(t for _, t in sums)]))
 
 
@@ -130,6 +135,14 @@ def _interpreter_config(src: KernelSource) -> Config:
     return max(src.configs, key=size)
 
 
+def tune_program(compiled: CompiledProgram, exhaustive: bool = False,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+    """Tune a program compiled with `tune=False` (what compiling with tuning does, done later:
+    a dynamic batch tunes each size at its first run); nothing under the interpreter."""
+    if not compiled.interpreted:
+        _tune(compiled, exhaustive, progress)
+
+
 def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, int, int], None] | None) -> None:
     """Pick each kernel's config: from the cache, else by timing its candidates on random inputs."""
     import torch
@@ -152,13 +165,15 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
         plans.append(candidates)
         dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
         jobs += [(k.src, dtypes, c) for c in candidates]
-    compile_all(jobs, progress)
+    failures = compile_all(jobs, progress)
     report = []
     for j, (k, candidates) in enumerate(zip(compiled.kernels, plans)):
         if len(candidates) == 1:
             k.config = candidates[0]
         else:
             k.config, times = best_config(candidates, lambda c: bound.launch(k, c))
+            if all(t == float("inf") for t in times):
+                raise every_config_failed(k.src, k.ins.origin, failures)
             report.append({"kernel": k.src.name, "flops": k.src.flops,
                            "grid": k.src.grid_dims, "configs": candidates, "ms": times})
         cache.put(k.src.digest, k.config)

@@ -22,7 +22,7 @@ from fusegraph.ir.index_expr import Expr, Sum, Var, bounds, free_vars, substitut
 from fusegraph.ir.index_map import linear_offset
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import OpKind, is_allocate, is_load, is_param, is_store
+from fusegraph.ops.base import OpKind, is_allocate, is_load, is_param, is_select, is_store
 from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.scalar_ops import TRITON_TYPES, Operands, compute_type, literal, pointwise
 
@@ -214,6 +214,8 @@ class KernelWriter:
             code = self._load(ins, tile, index, mask)
         elif ins.op.kind == OpKind.POINTWISE:
             code = self._pointwise(ins, tile, index, mask)
+        elif is_select(ins):
+            code = self._select(ins, tile, index, mask)
         elif ins.op.in_epilogue and self.tile_reduction is not None:
             code = self.tile_reduction(ins, tile, index, mask)
         else:
@@ -278,6 +280,17 @@ class KernelWriter:
         out = ins.shape.dtype
         first = ins.inputs[0].shape.dtype if ins.inputs else out
         return self.let(pointwise(ins.op, Operands(codes, first, out, self.constant_of)))
+
+    def _select(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
+        """Each value where its ranges hold, the last elsewhere: a concat read in the kernel
+        (its parts' loads are masked by the same ranges, so none reads outside its part)."""
+        mapping = {v.name: x for v, x in zip(ins.op.attrs["vars"], index)}
+        values = [self.value(x, tile, index, mask) for x in ins.inputs]
+        code = values[-1]
+        for v, domain in reversed(list(zip(values, ins.op.attrs["domains"]))):
+            conds = [c for e, lo, hi in domain for c in tile.range_conds(substitute(e, mapping, check=False), lo, hi)]
+            code = self.let(f"tl.where({tile.conjunction(conds)}, {v}, {code})") if conds else v
+        return code
 
     # -- stores ------------------------------------------------------------------------
     def store(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...] = ()) -> None:

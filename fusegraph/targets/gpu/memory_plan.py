@@ -37,7 +37,7 @@ class BufferKind(StrEnum):
     LITERAL = "literal"  # a weight, uploaded once
     ARENA = "arena"  # an intermediate, at an offset in the shared arena
     OUTPUT = "output"  # a returned value, in storage of its own
-    SCRATCH = "scratch"  # kernel workspace named in kernel arguments, zeroed once, left zeroed by every kernel
+    SCRATCH = "scratch"  # kernel workspace named in kernel arguments: split-k slots, and tile counters zeroed once and left zeroed by every kernel
 
 
 @dataclass

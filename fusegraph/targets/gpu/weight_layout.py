@@ -11,6 +11,9 @@ of the tile is contiguous and every 2-byte weight costs a 32-byte memory sector.
 dot multiplies about three times slower than an N-major one of the same size. A layer whose
 output channels per group are not a multiple of 8 (the detection head's 255) keeps ONNX's
 order: its rows would start at unaligned addresses and lose the 16-byte copies.
+
+A depthwise convolution's template reads one [channels] vector per tap: its [M, 1, kh, kw]
+weights stored [kh, kw, 1, M] too, whatever M, make each vector contiguous.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ TAP_MAJOR = (2, 3, 1, 0)  # [M, C, kh, kw] stored as [kh, kw, C, M]
 
 def choose_weight_layouts(main: Module, plan: MemoryPlan) -> None:
     """Store [kh, kw, C, M] each literal that only 2-d convolutions read as plain weights, when
-    their output channels per group are a multiple of 8."""
+    their output channels per group are a multiple of 8 or the convolution is depthwise."""
     wanted: dict[int, bool] = {}
     for ins in main:
         for k, x in enumerate(ins.inputs):
@@ -46,9 +49,11 @@ def choose_weight_layouts(main: Module, plan: MemoryPlan) -> None:
 
 def _conv2d_weights(anchor: Instruction, w: Instruction) -> bool:
     """4-d weights of a product whose output channels are their axis 0 (a 2-d convolution's
-    [M, C, kh, kw]), with a multiple of 8 output channels per group."""
+    [M, C, kh, kw]), with a multiple of 8 output channels per group or lowered as depthwise."""
     if anchor.op.family != "gemm" or w.shape.ndim != 4 or anchor.op.weight_channel_axis(4) != 0:
         return False
+    if anchor.op.template_family([x.shape for x in anchor.inputs]) == "depthwise":
+        return True
     return (w.shape.lens[0] // anchor.op.attrs["group"]) % 8 == 0
 
 

@@ -152,7 +152,9 @@ def _configs(spec: GemmSpec) -> list[Config]:
         f64, f32 = t.split_factor(64, 64, chunks), t.split_factor(32, 64, chunks)
         out = [t.config(64, 64, 64, 4, 4, f64), t.config(32, 64, 64, 4, 4, f32),
                t.config(64, 64, 64, 4, 4, max(2, f64 // 2))] + out
-    for f in (2, 4, 8):  # the other split factors, for --exhaustive-tune
-        if chunks >= 8 and f <= chunks // 2:
+    # the other split factors, for --exhaustive-tune; not where the tiles alone fill the GPU many
+    # times over (batch 32), where each factor's slots would cost hundreds of MiB of workspace
+    for f in (2, 4, 8):
+        if chunks >= 8 and f <= chunks // 2 and t.tiles(64, 128) < MANY_TILES:
             out += [t.config(bm, bn, 64, 4, 4, f) for bm, bn in ((64, 64), (32, 64), (32, 32))]
     return [c for k, c in enumerate(out) if c not in out[:k]]

@@ -17,6 +17,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
+from fusegraph.targets.gpu.templates.gemm_prologue import RowStatistics, prologue_norms, selected_loads
 from fusegraph.targets.gpu.templates.gemm_reduce import (PixelSums, emit_pixel_sums, emit_segment_reduce, emit_segment_softmax,
                                                            pixel_sum_returns)
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
@@ -78,8 +79,11 @@ class GemmEmitter:
         self.sums = pixel_sum_returns(module)
         self.pixel_sums = PixelSums(spec.m, math.prod(anchor.shape.lens[2:]), anchor.shape.lens[1]) if self.sums else None
         self.a_in, self.b_in = anchor.inputs
-        self.w.raw_loads = {id(x) for x in anchor.inputs if is_load(x)}
-        self.a_masked = is_load(self.a_in) and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+        a_loads = selected_loads(self.a_in)
+        self.a_plain = a_loads is not None  # A computes nothing: its loads are zero wherever masked
+        self.w.raw_loads = {id(x) for x in [*(a_loads or []), self.b_in] if is_load(x)}
+        self.a_masked = self.a_plain and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
+        self.stats = RowStatistics(self.w, prologue_norms(module, anchor), spec.a_index, spec.k)
         self.m_bound = f"(rm[:, None] < {spec.m})"
         self.acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
         self.operand = TRITON_TYPES[dtype]
@@ -120,6 +124,7 @@ class GemmEmitter:
         w.emit("pid_k = tl.program_id(2) % SPLIT")
         w.emit("rm = pid_m * BM + tl.arange(0, BM)")
         w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
+        self.stats.emit(self.m_bound)
         # a period of a power of two fills its tile exactly: no bound, so Triton sees whole rows
         n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
         whole = [Columns("acc", "rn", "BN", n_bound)]
@@ -179,7 +184,7 @@ class GemmEmitter:
         ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": self.m_bound, "rk": k_bound})
         conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
         av = w.value(self.a_in, ta, spec.a_index, tuple(conds))
-        if conds and not is_load(self.a_in):  # a computed prologue is zero in the padding too
+        if conds and not self.a_plain:  # a computed prologue is zero in the padding too
             av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
         if not spec.taps and not self.a_masked:  # lanes past k must add nothing, also where A's index ignores k
             av = w.let(f"tl.where(rk[None, :] < {spec.k}, {av}, 0)")
@@ -205,32 +210,37 @@ class GemmEmitter:
 
 
 def split_k_fixup(w: KernelWriter) -> None:
-    """With SPLIT > 1 programs share a tile's k range: each adds its partial sum into a float32
-    workspace, and the last to arrive (a counter per tile) takes the sum, resets the workspace
-    and counter to zero for the next run, and alone runs the epilogue. One kernel still, and
-    small batch-1 layers get enough programs to fill the GPU."""
+    """With SPLIT > 1 programs share a tile's k range: each stores its partial sum in its own
+    float32 slot of a workspace, and the last to arrive (a counter per tile) adds the SPLIT
+    slots in slot order, resets the counter for the next run, and alone runs the epilogue. One
+    kernel still, small batch-1 layers get enough programs to fill the GPU, and the sum's order
+    never depends on which program ran first, so two runs give the same bits (float atomics
+    into one slot would not)."""
     # `last` is a [1, 1] tile: a scalar condition in a mask trips Triton's interpreter, and
     # a full one would cost an operation per element in every mask it joins
     w.emit("last = tl.full([1, 1], 1, tl.int1) & (pid_k == 0)")
     with w.block("if SPLIT > 1:"):
         w.emit("tile = (gz * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m")
-        w.emit("wp = ws + tile * (BM * BN) + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]")
-        w.emit('tl.atomic_add(wp, acc, sem="relaxed")')
+        w.emit("wt = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]")
+        w.emit("tl.store(ws + (tile * SPLIT + pid_k) * (BM * BN) + wt, acc)")
+        w.emit("tl.debug_barrier()")  # every thread's part of the slot is written before the release
         w.emit('seen = tl.atomic_add(cnt + tile, 1, sem="acq_rel")')
         w.emit("is_last = seen == SPLIT - 1")
         w.emit("last = tl.full([1, 1], 1, tl.int1) & is_last")
-        # read the sum through the atomic unit (an add of zero), then clear it for the next run
-        w.emit('acc = tl.atomic_add(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last, sem="relaxed")')
-        w.emit("tl.store(wp, tl.zeros([BM, BN], dtype=tl.float32), mask=last)")
-        w.emit("tl.atomic_xchg(cnt + tile, 0, mask=is_last)")
+        with w.block("if is_last:"):
+            w.emit("acc = tl.zeros([BM, BN], dtype=tl.float32)")
+            with w.block("for s in range(SPLIT):"):
+                # past L1: the slots were written by other programs, maybe on other SMs
+                w.emit('acc += tl.load(ws + (tile * SPLIT + s) * (BM * BN) + wt, cache_modifier=".cg")')
+            w.emit("tl.atomic_xchg(cnt + tile, 0)")
 
 
 def workspace_elements(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
-    """Float32 workspace elements and tile counters a GEMM kernel needs under `config`: one
-    BM x BN float32 tile and one counter per output tile (`split_k_fixup`)."""
+    """Float32 workspace elements and tile counters a GEMM kernel needs under `config`: SPLIT
+    BM x BN float32 slots and one counter per output tile (`split_k_fixup`)."""
     if src.template != "gemm" or config.get("SPLIT", 1) == 1:
         return 0, 0
     tiles = 1
     for extent, block, _ in src.grid_dims:
         tiles *= -(-extent // config[block]) if block else extent
-    return tiles * config["BM"] * config["BN"], tiles
+    return tiles * config["SPLIT"] * config["BM"] * config["BN"], tiles

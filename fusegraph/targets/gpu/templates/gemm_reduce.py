@@ -9,12 +9,12 @@ accumulator tile is one whole run. The max and the sum are taken along the tile'
 the accumulator's type (fp32 for half inputs), with the padding lanes left out.
 
 A pixel sum spans many row tiles. Each program adds its tile's rows per sample (a tile of BM
-rows meets at most SLOTS = (BM - 1) // P + 2 samples of P pixels) and writes the parts into a
-scratch `part` [row tile, slot, channel] (float32 bits in int32 words: the interpreter has no
-float atomic exchange); a counter per column block (`pcnt`) finds
-the last program, which adds the parts of each sample in row-tile order (the same order on
-every run: no float atomics decide the sum) and stores the sum or mean, then clears the
-counter. The parts go through the atomic unit as split-k's partial sums do.
+rows meets at most SLOTS = (BM - 1) // P + 2 samples of P pixels) and stores the parts into
+its own slots of a float32 scratch `part` [row tile, slot, channel]; a counter per column
+block (`pcnt`) finds the last program, which loads the parts of each sample past L1 and adds
+them in row-tile order, stores the sum or mean and clears the counter. As with split-k's
+partial sums (`gemm_emit.split_k_fixup`), no float atomics: the order of the sum never depends
+on which program ran first, so two runs give the same bits.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def pixel_sum_returns(module: Module) -> list[Instruction]:
 
 
 def pixel_sum_workspace(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
-    """The parts (32-bit words) and counters a kernel's pixel sums need under `config`."""
+    """The parts (float32 elements) and counters a kernel's pixel sums need under `config`."""
     p = src.pixel_sums
     if p is None:
         return 0, 0
@@ -109,7 +109,7 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
     w.emit(f"s0 = pid_m * BM // {sums.pixels}")
     with w.block(f"for j in tl.static_range({slots}):"):
         w.emit(f"pj = tl.sum(tl.where((rm[:, None] // {sums.pixels}) == s0 + j, {v}, 0.0), 0)[None, :]")
-        w.emit(f'tl.atomic_xchg(part + (pid_m * {slots} + j) * {n} + {chan}, pj.to(tl.int32, bitcast=True){keep}, sem="relaxed")')
+        w.emit(f"tl.store(part + (pid_m * {slots} + j) * {n} + {chan}, pj{keep})")
     w.emit("tl.debug_barrier()")  # every thread's parts are out before the count says so
     w.emit("col = gz * tl.num_programs(1) + pid_n")
     w.emit('seen = tl.atomic_add(pcnt + col, 1, sem="acq_rel")')
@@ -119,8 +119,8 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
             w.emit("tot = tl.zeros([1, BN], dtype=tl.float32)")
             with w.block(f"for t in range(sn * {sums.pixels} // BM, ((sn + 1) * {sums.pixels} - 1) // BM + 1):"):
                 ptr = f"part + (t * {slots} + sn - t * BM // {sums.pixels}) * {n} + {chan}"
-                got = f'tl.atomic_add({ptr}, tl.zeros([1, BN], dtype=tl.int32){keep}, sem="relaxed")'
-                w.emit(f"tot += {got}.to(tl.float32, bitcast=True)")
+                # past L1: the parts were stored by other programs, maybe on other SMs
+                w.emit(f'tot += tl.load({ptr}{keep}, other=0.0, cache_modifier=".cg")')
             tm = Tile({"rn": te.names["rn"], "gz": "gz", "nq": "pid_n", "sn": "sn"}, {"rn": cols})
             codes[id(tm)] = f"(tot / {sums.pixels}.0)" if ret.inputs[1].op.attrs["mean"] else "tot"
             first_row = {"rm": var("sn", samples) * sums.pixels}

@@ -166,9 +166,12 @@ def _layernorm(r: Rows) -> None:
     rstd = w.let(f"1.0 / tl.sqrt({squares} / {n} + {r.anchor.op.attrs['epsilon']})")
     with r.chunk() as (tile, _):
         v = r.load_x(tile)
-        scale = w.value(r.anchor.inputs[1], tile, r.full_index)
-        bias = w.value(r.anchor.inputs[2], tile, r.full_index)
-        r.out = w.let(f"({v} - {mean}[:, None]) * {rstd}[:, None] * {scale} + {bias}")
+        affine = ""
+        if len(r.anchor.inputs) == 3:  # unless folded into the weights of its readers (`fold_norm_affine`)
+            scale = w.value(r.anchor.inputs[1], tile, r.full_index)
+            bias = w.value(r.anchor.inputs[2], tile, r.full_index)
+            affine = f" * {scale} + {bias}"
+        r.out = w.let(f"({v} - {mean}[:, None]) * {rstd}[:, None]{affine}")
         r.store(tile, r.full_index)
 
 

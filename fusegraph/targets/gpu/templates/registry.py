@@ -1,15 +1,17 @@
 """Which template lowers which anchor.
 
 A template registers the op families it lowers (`op.family`: gemm, window, movement,
-reduction). The flat template lowers the window and movement families with one small emitter
-per op class, each registered next to its code.
+reduction; `depthwise`, which a convolution's `template_family` picks from its shapes). The
+flat template lowers the window and movement families with one small emitter per op class,
+each registered next to its code.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ir.shape import Shape
 from fusegraph.ops.base import Op
 from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_source import KernelSource
@@ -50,9 +52,12 @@ def emits(*op_types: type[Op]) -> Callable[[Emitter], Emitter]:
     return deco
 
 
-def template_for(op: Op) -> Template:
+def template_for(op: Op, inputs: Sequence[Shape] | None = None) -> Template:
+    """The template of `op`'s family; given its input shapes, of the family they choose
+    (`Op.template_family`: a depthwise convolution's)."""
+    family = op.family if inputs is None else op.template_family(inputs)
     try:
-        return TEMPLATES[op.family]
+        return TEMPLATES[family]
     except KeyError:
         raise CodegenError(f"the GPU target has no template for op {op.name}") from None
 

@@ -1,0 +1,178 @@
+"""Serving overhead: a model behind Triton (`fusegraph serve`) against the same model run directly.
+
+N clients (16 by default) on loopback each send requests of `--client-batch` samples over
+KServe v2 HTTP (binary tensors) as fast as answers come back; Triton's dynamic batcher gathers
+them into batches of up to `--max-batch` (32). Reported: served throughput (samples/s) and
+per-request latency p50/p99, against the direct throughput of the same compiled program
+(`run`, NumPy in and out, as the server's backend calls it) at the batch the
+clients keep in flight. The first answer is checked against the direct run. Needs a GPU and
+the nvidia-pytriton wheel (`pip install --no-deps nvidia-pytriton==0.7.0`); without the wheel
+only the direct half runs and the table says why.
+
+    python3 bench/serve.py --model yolov5s --clients 16 --max-batch 32
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import bench_parser  # noqa: E402
+from bench.timing import Table, write_results  # noqa: E402
+
+
+def _free_port_run(n: int) -> int:
+    """A port p with p, p+1 and p+2 free on loopback (HTTP, gRPC, metrics)."""
+    for _ in range(50):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+        s.close()
+        if base + n < 65535 and all(_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no three consecutive free ports on loopback")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _inputs(specs: dict, batch: int, seed: int) -> dict[str, np.ndarray]:
+    """Random inputs; float ones in float32, the dtype the server declares (a half-precision
+    program converts inside)."""
+    rng = np.random.default_rng(seed)
+    return {k: rng.random((batch, *shape)).astype(np.float32 if np.dtype(dtype).kind == "f" else dtype)
+            for k, (dtype, shape) in specs.items()}
+
+
+def time_direct(program, batch: int, seconds: float, seed: int) -> tuple[float, float]:
+    """Samples/s and median ms of `program.run` at `batch`, back to back for `seconds`."""
+    x = _inputs(program.input_specs, batch, seed)
+    program.run(x)
+    times, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds or len(times) < 5:
+        t = time.perf_counter()
+        program.run(x)
+        times.append(time.perf_counter() - t)
+    median = float(np.median(times))
+    return batch / median, median * 1e3
+
+
+def time_served(server, specs: dict, clients: int, client_batch: int, seconds: float, seed: int):
+    """Samples/s, p50 and p99 latency (ms) and request count of `clients` concurrent clients."""
+    from fusegraph.driver.kserve_client import HttpClient
+
+    x = _inputs(specs, client_batch, seed)
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors: list[BaseException] = []
+    go, stop_at = threading.Event(), [0.0]
+
+    def client(i: int) -> None:
+        c = HttpClient(server.host, server.port)
+        try:
+            c.infer(server.model, x)  # one unmeasured request per connection
+            go.wait()
+            while time.perf_counter() < stop_at[0]:
+                t = time.perf_counter()
+                c.infer(server.model, x)
+                latencies[i].append(time.perf_counter() - t)
+        except BaseException as e:  # reported after the run, the other clients go on
+            errors.append(e)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    start = time.perf_counter()
+    stop_at[0] = start + seconds
+    go.set()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    flat = np.array([v for lat in latencies for v in lat]) * 1e3
+    return len(flat) * client_batch / wall, float(np.percentile(flat, 50)), float(np.percentile(flat, 99)), len(flat)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--model", default="yolov5s", help="zoo model, .onnx or .fgx (default yolov5s)")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    parser.add_argument("--client-batch", type=int, default=2, help="samples per request (default 2)")
+    parser.add_argument("--max-batch", type=int, default=32, help="largest batch Triton gathers (default 32)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds of each half (default 20)")
+    parser.add_argument("--fp32", action="store_true", help="compile in float32 (default fp16)")
+    args = parser.parse_args(argv)
+    seconds = 3.0 if args.quick else args.seconds
+    target = "gpu" if args.device == "cuda" else "ref"
+    fp16 = not args.fp32
+    from fusegraph.driver.serving_program import load_batched
+    from fusegraph.driver.triton_repository import write_repository
+
+    work = Path(tempfile.mkdtemp(prefix="fusegraph-bench-serve-"))
+    model_dir = write_repository(args.model, work, target=target, fp16=fp16, max_batch=args.max_batch, name="bench")
+    saved = str(args.model).lower().endswith(".fgx")
+    program = load_batched(model_dir / "1" / ("model.fgx" if saved else "model.onnx"), target, fp16, args.max_batch)
+    in_flight = min(args.max_batch, args.clients * args.client_batch)
+    direct_rate, direct_ms = time_direct(program, in_flight, seconds, args.seed)
+    table = Table(f"{args.model} served by Triton vs run directly ({target} target, {'fp16' if fp16 else 'fp32'})",
+                  ["how", "batch", "samples/s", "p50 ms", "p99 ms", "requests", "vs direct", "note"])
+    table.add("direct (program.run)", in_flight, f"{direct_rate:.0f}", f"{direct_ms:.2f}", "-", "-", "1.00", "")
+    table.add(*_served_row(args, work, program, target, seconds, direct_rate))
+    sizes = getattr(program, "sizes", None)
+    how = (f"dynamic-batch program compiled at batches {', '.join(map(str, sizes))}" if sizes else
+           f"compiled at batch {program.compiled_batch} (a larger batch runs as several runs of it)")
+    notes = [f"{args.clients} clients x {args.client_batch} samples per request, max batch {args.max_batch}, "
+             f"{seconds:.0f} s each half; {how}"]
+    write_results(args.name or f"serve-{args.model}", f"Serving {args.model} through Triton", args.device,
+                  [table], notes, save=not args.no_save)
+    return 0
+
+
+def _served_row(args, work: Path, program, target: str, seconds: float, direct_rate: float) -> list:
+    """The table row of the served half, or why it could not run."""
+    if importlib.util.find_spec("pytriton") is None:
+        return ["served (Triton)", "-", "-", "-", "-", "-", "-",
+                "not run: nvidia-pytriton is not installed here (pip install --no-deps nvidia-pytriton==0.7.0)"]
+    from fusegraph.driver.kserve_client import HttpClient
+    from fusegraph.driver.triton_server import TritonServer
+
+    port = _free_port_run(3)
+    server = TritonServer(work, port=port, log=work / "tritonserver.log")
+    server.model = "bench"
+    try:
+        server.start(timeout=900)
+        x = _inputs(program.input_specs, args.client_batch, args.seed)
+        client = HttpClient(server.host, server.port)
+        got, want = client.infer("bench", x), program.run(x)
+        client.close()
+        err = max(float(np.linalg.norm(got[k].astype(np.float64) - want[k]) / max(np.linalg.norm(want[k]), 1e-30))
+                  for k in want)
+        rate, p50, p99, n = time_served(server, program.input_specs, args.clients, args.client_batch, seconds, args.seed)
+    except Exception as e:  # the direct half stands; the log says what Triton did
+        return ["served (Triton)", "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:300]}"]
+    finally:
+        server.stop()
+    return ["served (Triton, KServe v2 HTTP)", f"<= {args.max_batch}", f"{rate:.0f}", f"{p50:.2f}", f"{p99:.2f}", n,
+            f"{rate / direct_rate:.2f}", f"first answer rel err vs direct {err:.1e}"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Re-batching an ONNX model exported for batch 1, or with a symbolic batch dimension.
+
+fusegraph compiles for fixed shapes, so a model runs `batch` samples at once only once its
+batch dimension is that number everywhere it is written down: the graph's inputs and outputs,
+and the Reshape targets an exporter wrote with the traced batch of 1 as a literal (YOLOv5's head
+reshapes to [1, 3, 85, 80, 80]). The batch dimension is the first one of every input whose
+first dimension is 1 or symbolic, as MIGraphX's `--batch` takes it.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import numpy_helper
+
+from fusegraph.errors import ArgumentError
+
+
+def batched_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs whose first dimension is 1 or symbolic: those `with_batch` re-batches."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [v.name for v in model.graph.input if v.name not in initializers and _batchable(v)]
+
+
+def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
+    """A copy of `model` that runs `batch` samples; an ArgumentError when no input has a batch
+    dimension of 1 or a symbolic one."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ArgumentError(f"batch must be a positive integer, got {batch!r}")
+    names = batched_inputs(model)
+    if not names:
+        shown = ", ".join(f"{v.name} {_dims(v)}" for v in model.graph.input)
+        raise ArgumentError(f"batch={batch}: no input has a first dimension of 1 or a symbolic one to re-batch "
+                            f"(the inputs: {shown or 'none'})")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    for value in graph.input:
+        if value.name in names:
+            _set_first(value, batch)
+    for value in graph.output:
+        if _batchable(value):
+            _set_first(value, batch)
+    del graph.value_info[:]  # intermediate shapes recorded at batch 1 would now be wrong
+    _rebatch_reshapes(graph, set(names), batch)
+    return out
+
+
+def _rebatch_reshapes(graph: onnx.GraphProto, batched: set[str], batch: int) -> None:
+    """Give `batch` to each constant Reshape target that starts with 1 and reshapes a value
+    computed from a batched input (a reshape of weights keeps its 1). The new target is a
+    fresh initializer, so a constant shared with other nodes is left as it was."""
+    constants = {t.name: t for t in graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    dependent = set(batched)
+    for k, node in enumerate(graph.node):
+        if not any(i in dependent for i in node.input):
+            continue
+        dependent.update(node.output)
+        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in constants:
+            continue
+        dims = numpy_helper.to_array(constants[node.input[1]]).copy()
+        if dims.ndim != 1 or not dims.size or dims[0] != 1:
+            continue
+        dims[0] = batch
+        name = _fresh(f"{node.input[1]}_batch{batch}", taken)
+        graph.initializer.append(numpy_helper.from_array(dims, name))
+        node.input[1] = name
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    out, k = name, 1
+    while out in taken:
+        out, k = f"{name}_{k}", k + 1
+    taken.add(out)
+    return out
+
+
+def _batchable(value: onnx.ValueInfoProto) -> bool:
+    dims = value.type.tensor_type.shape.dim
+    if not value.type.tensor_type.HasField("shape") or not dims:
+        return False
+    first = dims[0]
+    return not first.HasField("dim_value") or first.dim_value in (0, 1)
+
+
+def _set_first(value: onnx.ValueInfoProto, batch: int) -> None:
+    first = value.type.tensor_type.shape.dim[0]
+    first.Clear()
+    first.dim_value = batch
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[object]:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in value.type.tensor_type.shape.dim]

@@ -1,0 +1,166 @@
+"""Which producers of a product anchor's input its kernel computes in its own tile loads.
+
+A convolution or matrix product reads its A operand through `GroupBuilder.gather`; a producer
+this rule accepts is computed there, at the index the tile reads, instead of by a kernel of its
+own that writes a tensor the anchor then reads back. The rule, per producer P of the A operand
+(looked at from the anchor, through views):
+
+* P is pointwise (an activation, a cast, the squeeze-and-excitation scale `x * s` read through
+  a broadcast): computed inside when nothing outside the group reads it (every reader, through
+  views, is the anchor or a value already computed inside), or when every reader is a product
+  that recomputes it cheaply, `pointwise_ops(P) * reads_per_element(reader) <= RECOMPUTE_BUDGET`
+  (this anchor included). Either way P's own kernel and the round trip of its tensor through
+  memory go away; the price is P's arithmetic repeated at every read of an element, which is
+  free beside a product's multiply-adds when P has no other reader (its kernel would have cost
+  a write and a read of every element), and kept small by the budget when several products
+  repeat it. A P that another kind of reader needs keeps its kernel, and the anchor reads it.
+* P is a concat nothing outside reads, with a part that concat elimination would have to copy
+  (a view such as a nearest resize, or a program input or constant): the kernel selects between
+  the parts by the index range (`Select`). A concat of kernel outputs only stays: its parts
+  are written in place into one buffer already, at no cost, and a select would only add masks.
+* P is a layernorm over the last axis that only products read, each along that axis (their
+  K): the kernel computes the row statistics in a loop of its own before the k loop
+  (`templates/gemm_prologue.py`) and normalizes the A tile as it loads it.
+* Reductions (other than that layernorm), anchors and data movement are never computed inside.
+
+Only product anchors (family `gemm`) take computed prologues, and only on A: the weights stay
+a plain load, which their layout and tiling rely on.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fusegraph.ir.index_expr import free_vars
+from fusegraph.ir.index_map import IndexMap
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import OpKind
+from fusegraph.ops.base import input_map_of as view_input_map
+
+RECOMPUTE_BUDGET = 8  # pointwise ops per element of A, summed over its reads, for a value also computed elsewhere
+N_TILE = 128  # the widest N tile of the GEMM template: each N tile reads all of A once
+
+
+def reads_per_element(anchor: Instruction) -> int:
+    """How often the anchor's kernel loads each element of A: once per N tile (of `N_TILE`
+    output channels per group) and, for a convolution, once per window tap covering it,
+    taps / stride on average (a 3x3 stride-1 convolution: 9 per N tile)."""
+    op = anchor.op
+    w = anchor.inputs[op.weight_input] if op.weight_input is not None else None
+    n = anchor.shape.lens[op.channel_axis(anchor.shape.ndim)] // op.attrs.get("group", 1)
+    taps = math.prod(w.shape.lens[2:]) if w is not None and not op.k_is_last_axis else 1  # a window's taps
+    if op.spatial_window:
+        taps = -(-taps // math.prod(op.attrs["stride"]))
+    return max(1, taps) * -(-n // N_TILE)
+
+
+def pointwise_ops(ins: Instruction) -> int:
+    """The pointwise ops computing `ins` from non-pointwise values (through views), each once."""
+    seen: set[int] = set()
+    stack = [ins]
+    while stack:
+        x = stack.pop()
+        while view_input_map(x) is not None:
+            x = x.inputs[0]
+        if x.op.kind == OpKind.POINTWISE and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(x.inputs)
+    return len(seen)
+
+
+class PrologueRule:
+    """The rule above for one anchor of `module`: `__call__` is `GroupBuilder`'s `inline`
+    predicate while the anchor's A operand is gathered; `inside` grows with what it accepts."""
+
+    def __init__(self, module: Module, anchor: Instruction) -> None:
+        self.anchor = anchor
+        self.users = module.users()
+        self.returned = {id(r) for r in module.returns}
+        self.inside: set[int] = {id(anchor)}
+        self.reads = reads_per_element(anchor) if anchor.op.family == "gemm" else 0
+
+    def __call__(self, ins: Instruction, at: IndexMap | None = None) -> bool:
+        if self.anchor.op.family != "gemm":
+            return False
+        if ins.op.kind == OpKind.POINTWISE:
+            ok = self.only_inside(ins) or self.cheap_everywhere(ins)
+        elif ins.op.concatenates:
+            ok = self.only_inside(ins) and any(_needs_copy(x, ins.op.attrs["axis"]) for x in ins.inputs)
+        elif ins.op.algorithm == "layernorm":
+            ok = at is not None and self.normalizes_k(ins, at)
+        else:
+            ok = False
+        if ok:
+            self.inside.add(id(ins))
+        return ok
+
+    def readers(self, ins: Instruction) -> list[Instruction] | None:
+        """The non-view readers of `ins` through views; None when it or a view of it is returned."""
+        out, stack = [], [ins]
+        while stack:
+            x = stack.pop()
+            if id(x) in self.returned:
+                return None
+            for u in self.users.get(x, []):
+                (stack if view_input_map(u) is not None else out).append(u)
+        return out
+
+    def only_inside(self, ins: Instruction) -> bool:
+        readers = self.readers(ins)
+        return readers is not None and all(id(u) in self.inside for u in readers)
+
+    def cheap_everywhere(self, ins: Instruction) -> bool:
+        """Whether every reader of `ins` (through views) is a product whose A it is and that
+        repeats its arithmetic within the budget, or a value already computed inside."""
+        readers, ops = self.readers(ins), pointwise_ops(ins)
+        if readers is None or ops * self.reads > RECOMPUTE_BUDGET:
+            return False
+        return all(id(u) in self.inside or _reads_as_a(u, ins) and ops * reads_per_element(u) <= RECOMPUTE_BUDGET
+                   for u in readers)
+
+    def normalizes_k(self, ln: Instruction, at: IndexMap) -> bool:
+        """A layernorm of one input (its affine folded away) over its last axis, read by this
+        product's A at rows that keep that axis whole (`at` sends the last index to the last),
+        and otherwise only by matrix products reading it as A: each computes the statistics."""
+        rank = ln.shape.ndim
+        if len(ln.inputs) != 1 or ln.op.attrs["axis"] != rank - 1 or not self.anchor.op.k_is_last_axis:
+            return False
+        if not keeps_last_axis(at, ln.shape.lens[-1]):
+            return False
+        readers = self.readers(ln)
+        return readers is not None and all(u is self.anchor or reads_rows(u, ln) for u in readers)
+
+
+def keeps_last_axis(at: IndexMap, k: int) -> bool:
+    """Whether a map sends every index's last coordinate (of extent k) to the last, and nothing
+    else to it: each row it reads is a whole row of its input, in order."""
+    last = at.out_vars[-1]
+    return (at.exprs[-1] == last and last.extent == k == at.in_lens[-1]
+            and not any(last in free_vars(e) for e in at.exprs[:-1]))
+
+
+def reads_rows(product: Instruction, x: Instruction) -> bool:
+    """Whether `product` is a matrix product reading `x` as its A (directly or through views),
+    summing along x's last axis."""
+    return product.op.k_is_last_axis and _reads_as_a(product, x)
+
+
+def _reads_as_a(product: Instruction, x: Instruction) -> bool:
+    """Whether `product` is a product anchor whose first input is `x` or a view chain of it."""
+    if product.op.kind != OpKind.ANCHOR or product.op.family != "gemm":
+        return False
+    a = product.inputs[0]
+    while a is not x and view_input_map(a) is not None:
+        a = a.inputs[0]
+    return a is x
+
+
+def _needs_copy(part: Instruction, axis: int) -> bool:
+    """Whether concat elimination would copy `part` into its slot: a program input, a constant or
+    a view (a slice along the concat's axis of a kernel's output is written in place)."""
+    if part.op.kind.is_source:
+        return True
+    cut = part.op.ranges()
+    if cut is not None and len(cut) == 1 and cut[0][0] == axis:
+        return False
+    return view_input_map(part) is not None

@@ -1,0 +1,180 @@
+"""The depthwise-convolution template: a direct convolution over a tile of pixels and channels.
+
+A convolution with one input channel per group (MobileNet's and EfficientNet's 3x3 and 5x5,
+ConvNeXt's 7x7) is, as an implicit GEMM, one product per channel whose N is the channel
+multiplier (one to a few) and whose K is the window's taps: a tensor-core tile computes mostly
+padding and the kernel runs far from the speed its bytes allow. Here a program takes BP output
+pixels by BC output channels and, for each tap of the window, adds the input tile under the tap
+times the tap's [BC] weights into a float32 accumulator. Channels are the tile's contiguous
+dimension: the feature maps a convolution reads are stored channels-last (activation_layout.py)
+and depthwise weights [kh, kw, 1, M] (weight_layout.py), so the loads are 16-byte vectors along
+channels, and the taps' overlapping input tiles come from the L1 cache.
+
+The input is read through the kernel writer at the tap's index (`o * stride - pad + k *
+dilation`, zero outside the image), so views and pointwise prologues work as they do for the
+GEMM template, and the accumulator goes through the group's epilogue and stores.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.index_expr import Expr
+from fusegraph.ir.index_map import delinearize
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_load
+from fusegraph.targets.gpu.device import current_device
+from fusegraph.targets.gpu.kernel_source import Config, KernelSource, signature
+from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelInputs, KernelWriter, Tile, var
+from fusegraph.targets.gpu.templates.registry import lowers
+
+MAX_UNROLLED_TAPS = 64  # windows up to 8x8 unroll their taps; larger ones loop
+TILE_ELEMENTS = (512, 1024, 2048, 4096)  # outputs per program of the candidates
+MIN_PIXELS = 16  # the narrowest pixel block
+WIDEST_CHANNELS = 64  # 128 bytes of fp16 channels: a warp's row of coalesced 16-byte copies
+
+
+@dataclass
+class DepthwiseSpec:
+    """The index spaces of one depthwise convolution over pixels `rp` (batch and output
+    positions, flattened), output channels `rc` and window taps `tap`."""
+
+    pixels: int
+    channels: int
+    taps: int
+    x_index: Index  # over rp, rc, tap
+    w_index: Index  # over rc, tap
+    out_index: Index  # over rp, rc
+    x_valid: list[tuple[Expr, int, int]]  # zero padding: (expr, lo, hi) conditions on the input index
+
+
+def depthwise_spec(conv: Instruction) -> DepthwiseSpec:
+    """Output channel c reads input channel c // multiplier (weights [M, 1, *kernel])."""
+    x, w = conv.inputs
+    a = conv.op.attrs
+    X, W, O = x.shape.lens, w.shape.lens, conv.shape.lens[2:]
+    k_sp = W[2:]
+    r = len(k_sp)
+    P, KK = math.prod(O), math.prod(k_sp)
+    multiplier = W[0] // a["group"]
+    rp, rc, tap = var("rp", X[0] * P), var("rc", W[0]), var("tap", KK)
+    n = rp // P
+    o = delinearize(rp % P, O)
+    kk = delinearize(tap, k_sp)
+    ci = rc // multiplier if multiplier > 1 else rc
+    spatial = [o[j] * a["stride"][j] - a["padding"][j] + kk[j] * a["dilation"][j] for j in range(r)]
+    valid = [(spatial[j], 0, X[2 + j]) for j in range(r)]
+    return DepthwiseSpec(X[0] * P, W[0], KK, (n, ci, *spatial), (rc, 0, *kk), (n, rc, *o), valid)
+
+
+class DepthwiseEmitter:
+    """Writes one depthwise kernel's body into a KernelWriter (`lines`)."""
+
+    def __init__(self, module: Module, inputs: KernelInputs, anchor: Instruction, spec: DepthwiseSpec, kernel: str) -> None:
+        dtype = anchor.inputs[0].shape.dtype
+        if not dtype.is_float:
+            raise CodegenError(f"{anchor.op.name} on {dtype} has no GPU template (floating point only)")
+        self.module, self.anchor, self.spec, self.kernel = module, anchor, spec, kernel
+        self.acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
+        self.w = KernelWriter(module, inputs, {id(anchor): self._acc_value})
+        self.x_in, self.w_in = anchor.inputs
+        self.bounds = {"rp": f"(rp[:, None] < {spec.pixels})", "rc": f"(rc[None, :] < {spec.channels})"}
+
+    def _acc_value(self, tile: Tile, index: Index) -> str:
+        if index != self.spec.out_index:
+            raise CodegenError(f"the epilogue of {self.kernel} reads the {self.anchor.op.name} at another index")
+        return "acc"
+
+    def body(self) -> list[str]:
+        w, spec = self.w, self.spec
+        w.emit("rp = tl.program_id(0) * BP + tl.arange(0, BP)")
+        w.emit("rc = tl.program_id(1) * BC + tl.arange(0, BC)")
+        w.emit(f"acc = tl.zeros([BP, BC], dtype={self.acc_t})")
+        loop = "tl.static_range" if spec.taps <= MAX_UNROLLED_TAPS else "range"
+        with w.block(f"for tap in {loop}({spec.taps}):"):
+            w.emit(f"acc += {self._input_tile()} * {self._weights()}")
+        te = Tile({"rp": "rp[:, None]", "rc": "rc[None, :]"}, dict(self.bounds))
+        for ret in self.module.returns:  # the group's value, then its further outputs
+            w.store(ret, te, spec.out_index)
+        return w.lines
+
+    def _input_tile(self) -> str:
+        """The input under the tap, zero in the padding: a load's mask gives the zeros, a
+        computed prologue is selected to zero there."""
+        tile = Tile({"rp": "rp[:, None]", "rc": "rc[None, :]", "tap": "tap"}, dict(self.bounds))
+        conds = [c for e, lo, hi in self.spec.x_valid for c in tile.range_conds(e, lo, hi)]
+        value = self.w.value(self.x_in, tile, self.spec.x_index, tuple(conds))
+        if conds and not is_load(self.x_in):
+            value = self.w.let(f"tl.where({tile.conjunction(conds)}, {value}, 0.0)")
+        return value
+
+    def _weights(self) -> str:
+        tile = Tile({"rc": "rc[None, :]", "tap": "tap"}, {"rc": self.bounds["rc"]})
+        return self.w.value(self.w_in, tile, self.spec.w_index)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def channel_widths(channels: int) -> list[int]:
+    """Power-of-two channel blocks, the best guess first: the one with the most useful channels
+    per contiguous run, `width * busy fraction` (96 -> 64: two blocks, one of them half busy,
+    beat three full ones of 32, since the L1 cache serves a warp's load in 128-byte lines and
+    a narrow block touches as many lines for less data); then the widest that divides the
+    channels (no idle lane), half and twice the best."""
+    if channels < 8:
+        return [_pow2(channels)]
+    fits = [b for b in (8, 16, 32, WIDEST_CHANNELS) if b <= _pow2(channels)]
+    best = max(fits, key=lambda b: (b * channels / (math.ceil(channels / b) * b), -b))
+    exact = next((b for b in reversed(fits) if channels % b == 0), best)
+    out = [best]
+    for b in (exact, best // 2, best * 2):
+        if 8 <= b <= min(_pow2(channels), 2 * WIDEST_CHANNELS) and b not in out:
+            out.append(b)
+    return out
+
+
+def depthwise_configs(pixels: int, channels: int) -> list[Config]:
+    """(BP, BC, num_warps) candidates, the best guess first.
+
+    BC comes from `channel_widths`. The first candidate's BP is the largest that, at 2048
+    outputs a program, still gives every multiprocessor two programs (a batch-1 map is small:
+    96x56x56 is 3136 pixels); then come 512 to 4096 outputs a program at each width.
+    """
+    widths = channel_widths(channels)
+    most_pixels = max(MIN_PIXELS, _pow2(pixels))
+    programs = 2 * current_device().sm_count
+
+    def config(elements: int, width: int) -> Config:
+        bp = min(most_pixels, max(MIN_PIXELS, elements // width))
+        return {"BP": bp, "BC": width, "num_warps": 8 if bp * width >= 4096 else 4, "num_stages": 1}
+
+    bc = widths[0]
+    first = config(2048, bc)
+    while first["BP"] > MIN_PIXELS and math.ceil(pixels / first["BP"]) * math.ceil(channels / bc) < programs:
+        first = config(first["BP"] * bc // 2, bc)
+    out = [first]
+    for width in widths:
+        for elements in TILE_ELEMENTS:
+            c = config(elements, width)
+            if c not in out:
+                out.append(c)
+    return out
+
+
+@lowers("depthwise")
+def depthwise_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, anchor: Instruction,
+                     allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
+    """The kernel of fused group `module` around depthwise convolution `anchor`."""
+    spec = depthwise_spec(anchor)
+    emitter = DepthwiseEmitter(module, inputs, anchor, spec, kernel)
+    lines = emitter.body()
+    args = emitter.w.arg_list()
+    body = signature(name, args, ["BP", "BC"]) + "\n" + "\n".join(lines) + "\n"
+    configs = depthwise_configs(spec.pixels, spec.channels)
+    return KernelSource(name, kernel, "depthwise", body, args, configs,
+                        [(spec.pixels, "BP", None), (spec.channels, "BC", None)],
+                        flops=2 * spec.pixels * spec.channels * spec.taps)

@@ -1,0 +1,64 @@
+"""bench/models.py's CPU-side parts: every exported zoo model has a library module spec, the
+cases build their inputs and rebatched graphs, the fp32 reference for fusegraph agrees with
+ONNX Runtime, and a missing library falls back to the module generated from the zoo graph."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bench import model_specs  # noqa: E402
+from bench import models as bm  # noqa: E402
+from fusegraph import zoo  # noqa: E402
+from tests.zoo_params import BIG_EXPORTED, DEFAULT_EXPORTED  # noqa: E402
+
+ARGS = argparse.Namespace(seed=0, tolerance=1e-2)
+CPU = torch.device("cpu")
+
+
+def test_every_exported_model_has_a_spec():
+    assert sorted(model_specs.SPECS) == sorted(DEFAULT_EXPORTED + BIG_EXPORTED)
+    assert all(zoo.is_zoo_name(n) for n in model_specs.SPECS)
+
+
+def test_case_inputs_follow_batch_and_ranges():
+    case = bm.Case("gpt2_2layer", 3, ARGS, CPU)
+    (ids,) = case.inputs.values()
+    assert tuple(ids.shape) == (3, 128) and ids.dtype == torch.int64
+    assert 0 <= int(ids.min()) and int(ids.max()) < 50257
+    assert case.program().input_shapes["input_ids"].lens == (3, 128)
+
+
+def test_batch_32_uses_the_zoo_variant_where_there_is_one():
+    case = bm.Case("vit_small_patch16_224", 32, ARGS, CPU)
+    assert next(p.value for p in case.onnx_model.metadata_props if p.key == "fusegraph.zoo_name") \
+        == "vit_small_patch16_224-b32"
+
+
+def test_reference_and_generated_fallback_agree_with_onnxruntime(monkeypatch):
+    import onnxruntime as ort
+
+    case = bm.Case("unet_small", 1, ARGS, CPU)
+    ref = bm.fp32_reference(case)
+    sess = ort.InferenceSession(case.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"input": case.inputs["input"].float().numpy()})[0]
+    assert np.linalg.norm(ref.numpy() - want) / np.linalg.norm(want) < 1e-5
+    monkeypatch.setattr(model_specs, "SPECS", {**model_specs.SPECS, "unet_small": model_specs.Spec(
+        "no_such_library_xyz", model_specs.SPECS["unet_small"].build)})
+    module, generated, note = bm.torch_module(case)
+    assert generated and "no_such_library_xyz not importable" in note
+    with torch.no_grad():
+        out = case.call(module, torch.float32, generated)()
+    assert np.linalg.norm(out.numpy() - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_library_unet_matches_the_graph_shapes():
+    case = bm.Case("unet_small", 2, ARGS, CPU)
+    module = model_specs.library_module("unet_small", 0)
+    with torch.no_grad():
+        out = case.call(module, torch.float32, generated=False)()
+    assert tuple(out.shape) == (2, 2, 256, 256)

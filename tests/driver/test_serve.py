@@ -1,0 +1,255 @@
+"""`fusegraph serve`: the model repository it writes, and a real Triton server on loopback.
+
+The server test starts the nvidia-pytriton wheel's Triton server on 127.0.0.1 (free ports) with
+a small model on the ref target, sends concurrent requests of mixed batch sizes over HTTP
+(binary and JSON) and gRPC, checks every answer against the ref target run sample by sample,
+checks that bad requests get 400-class answers while the server stays up, and stops it by
+its handle. It is skipped when the wheel is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+
+import fusegraph
+from fusegraph.driver.cli import main
+from fusegraph.driver.kserve_client import GrpcClient, HttpClient, InferenceError
+from tests.helpers import conv_silu_add_model
+
+MAX_BATCH = 8
+HAS_TRITON = importlib.util.find_spec("pytriton") is not None
+HAS_GRPC = importlib.util.find_spec("grpc") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="nvidia-pytriton is not installed "
+                                                         "(pip install --no-deps nvidia-pytriton==0.7.0)")
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("serve") / "small.onnx"
+    onnx.save(conv_silu_add_model(3), path)
+    return str(path)
+
+
+def _read(path) -> str:
+    return path.read_text()
+
+
+def test_model_repository_for_the_ref_target(small_model, tmp_path, capsys):
+    assert main(["serve", small_model, "--target", "ref", "--max-batch", "4", "--model-repository", str(tmp_path)]) == 0
+    assert f"wrote {tmp_path / 'small'}" in capsys.readouterr().out
+    config = _read(tmp_path / "small" / "config.pbtxt")
+    assert 'name: "small"' in config and 'backend: "python"' in config and "max_batch_size: 4" in config
+    assert '{ name: "x" data_type: TYPE_FP32 dims: [ 3, 8, 8 ] }' in config
+    assert '{ name: "out" data_type: TYPE_FP32 dims: [ 4, 8, 8 ] }' in config
+    assert "dynamic_batching" in config and "KIND_CPU" in config and "KIND_GPU" not in config
+    assert "fusegraph.driver.triton_backend import TritonPythonModel" in _read(tmp_path / "small" / "1" / "model.py")
+    assert onnx.load(str(tmp_path / "small" / "1" / "model.onnx")).graph.node[0].op_type == "Conv"
+
+
+def test_model_repository_has_one_instance_per_gpu(small_model, tmp_path):
+    assert main(["serve", small_model, "--gpus", "0,1", "--name", "conv", "--model-repository", str(tmp_path)]) == 0
+    config = _read(tmp_path / "conv" / "config.pbtxt")
+    assert "{ kind: KIND_GPU count: 1 gpus: [ 0 ] }" in config and "{ kind: KIND_GPU count: 1 gpus: [ 1 ] }" in config
+    assert "max_batch_size: 32" in config and 'string_value: "gpu"' in config
+
+
+def test_serve_refuses_gpus_on_the_ref_target(small_model, tmp_path, capsys):
+    assert main(["serve", small_model, "--target", "ref", "--gpus", "0", "--model-repository", str(tmp_path)]) == 2
+    assert "--gpus applies to the gpu target" in capsys.readouterr().err
+
+
+def _per_sample(model: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    want = fusegraph.compile(fusegraph.parse_onnx(model), "ref")
+    n = len(inputs["x"])
+    return np.concatenate([want.run({k: v[i:i + 1] for k, v in inputs.items()})["out"] for i in range(n)])
+
+
+def test_batched_program_answers_any_batch_in_the_declared_dtypes(small_model):
+    """A program compiled at batch 1 answers 5 samples as five runs; an fp16 program takes and
+    gives the model's float32, converting inside; batches outside 1..max are refused."""
+    from fusegraph.driver.serving_program import BatchedProgram
+    from fusegraph.errors import InputError
+
+    rng = np.random.default_rng()
+    inputs = _inputs(5, rng)
+    expected = _per_sample(small_model, inputs)
+    fp32 = BatchedProgram(fusegraph.compile(fusegraph.parse_onnx(small_model), "ref"), MAX_BATCH)
+    np.testing.assert_array_equal(fp32.run(inputs)["out"], expected)
+    half = BatchedProgram(fusegraph.compile(fusegraph.parse_onnx(small_model), "ref", fp16=True), MAX_BATCH)
+    assert half.input_specs["x"] == (np.dtype(np.float32), (3, 8, 8)) and half.compiled_dtypes["x"] == np.float16
+    out = half.run(inputs)["out"]
+    assert out.dtype == np.float32
+    assert np.linalg.norm(out - expected) / np.linalg.norm(expected) < 1e-2  # float16 rounding
+    with pytest.raises(InputError, match="batch of 1 to 8"):
+        fp32.run(_inputs(MAX_BATCH + 1, rng))
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_what_the_server_loads_answers_every_batch(small_model, fp16):
+    """`load_batched` (a dynamic-batch program where fusegraph has one) against the model run
+    sample by sample: float32 to 1e-6, float16 to 1e-2."""
+    from fusegraph.driver.serving_program import load_batched
+
+    program = load_batched(small_model, "ref", fp16, MAX_BATCH)
+    rng = np.random.default_rng()
+    for n in (1, 3, MAX_BATCH):
+        inputs = _inputs(n, rng)
+        got = np.asarray(program.run(inputs)["out"], np.float32)
+        expected = _per_sample(small_model, inputs)
+        assert got.shape == expected.shape
+        assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < (1e-2 if fp16 else 1e-6)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def server(small_model):
+    from fusegraph.driver.serve import serve
+
+    http, grpc, metrics = _free_ports(3)
+    s = serve(small_model, target="ref", host="127.0.0.1", port=http, grpc_port=grpc, metrics_port=metrics,
+              max_batch=MAX_BATCH, timeout=240)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(small_model):
+    compiled = fusegraph.compile(fusegraph.parse_onnx(small_model), "ref")
+
+    def run(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.concatenate([compiled.run({"x": x[i:i + 1], "y": y[i:i + 1]})["out"] for i in range(len(x))])
+    return run
+
+
+def _inputs(batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"x": rng.standard_normal((batch, 3, 8, 8)).astype(np.float32),
+            "y": rng.standard_normal((batch, 4, 1, 1)).astype(np.float32)}
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@needs_triton
+def test_health_and_metrics(server):
+    assert _get(f"{server.http_url}/v2/health/live")[0] == 200
+    assert _get(f"{server.http_url}/v2/health/ready")[0] == 200
+    status, meta = _get(f"{server.http_url}/v2/models/{server.model}")
+    assert status == 200 and '"name":"x"' in meta.replace(" ", "")
+    assert _get(f"{server.metrics_url}")[1].count("nv_inference_request_success") > 0
+
+
+@needs_triton
+def test_concurrent_requests_of_mixed_batch_sizes(server, reference):
+    sizes = [1, 3, 8, 2, 5, 1, 7, 4, 6, 2, 8, 3, 1, 5, 2, 4, 7, 1, 3, 6, 8, 2, 1, 5]
+    ways = ["binary", "json"] + (["grpc"] if HAS_GRPC else [])
+
+    def one(i: int) -> tuple[str, np.ndarray, np.ndarray]:
+        inputs = _inputs(sizes[i], np.random.default_rng(1000 + i))
+        way = ways[i % len(ways)]
+        if way == "grpc":
+            client = GrpcClient(server.grpc_address)
+            out = client.infer(server.model, inputs)["out"]
+        else:
+            client = HttpClient(server.host, server.port)
+            out = client.infer(server.model, inputs, binary=way == "binary")["out"]
+        client.close()
+        return way, out, reference(inputs["x"], inputs["y"])
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(len(sizes))))
+    for (way, got, want), n in zip(results, sizes):
+        assert got.shape == (n, 4, 8, 8), way
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=way)
+    _, text = _get(server.metrics_url)
+    line = next(x for x in text.splitlines() if x.startswith(f'nv_inference_request_success{{model="{server.model}"'))
+    assert float(line.split()[-1]) >= len(sizes)
+
+
+BAD = {
+    "wrong shape": lambda rng: {"x": np.zeros((1, 3, 8, 9), np.float32), "y": np.zeros((1, 4, 1, 1), np.float32)},
+    "wrong dtype": lambda rng: {"x": np.zeros((1, 3, 8, 8), np.float64), "y": np.zeros((1, 4, 1, 1), np.float32)},
+    "wrong name": lambda rng: {"z": np.zeros((1, 3, 8, 8), np.float32), "y": np.zeros((1, 4, 1, 1), np.float32)},
+    "missing input": lambda rng: {"x": np.zeros((1, 3, 8, 8), np.float32)},
+    "batch too large": lambda rng: _inputs(MAX_BATCH + 1, rng),
+}
+
+
+@needs_triton
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_requests_get_400_and_the_server_stays_up(server, reference, case):
+    rng = np.random.default_rng(7)
+    client = HttpClient(server.host, server.port)
+    with pytest.raises(InferenceError) as info:
+        client.infer(server.model, BAD[case](rng))
+    assert 400 <= info.value.status < 500, info.value
+    if HAS_GRPC:
+        with pytest.raises(InferenceError) as info:
+            GrpcClient(server.grpc_address).infer(server.model, BAD[case](rng))
+        assert info.value.status == "INVALID_ARGUMENT", info.value
+    good = _inputs(2, rng)
+    np.testing.assert_allclose(client.infer(server.model, good)["out"], reference(good["x"], good["y"]),
+                               rtol=1e-6, atol=1e-6)
+    client.close()
+
+
+@needs_triton
+@pytest.mark.skipif(not HAS_GRPC, reason="grpcio is not installed")
+def test_grpc_health(server):
+    client = GrpcClient(server.grpc_address)
+    assert client.server_ready() and client.model_ready(server.model)
+    client.close()
+
+
+@needs_triton
+def test_stop_by_its_handle(server):
+    process = server.process
+    assert server.stop() == 0 and process.poll() == 0
+    with pytest.raises(OSError):
+        socket.create_connection((server.host, server.port), timeout=2).close()
+    assert server.stop() is None  # stopping twice is harmless
+
+
+def test_serve_without_the_wheel_says_what_to_install(small_model, monkeypatch, capsys):
+    import fusegraph.driver.triton_server as triton_server
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(triton_server.importlib.util, "find_spec", lambda name: None if name == "pytriton" else real(name))
+    assert main(["serve", small_model, "--target", "ref"]) == 2
+    assert "pip install --no-deps nvidia-pytriton==0.7.0" in capsys.readouterr().err
+
+
+@needs_triton
+def test_a_model_that_fails_to_load_is_a_clear_error(small_model, tmp_path):
+    """The backend's error reaches the caller with the end of Triton's log, and no server is left."""
+    from fusegraph.driver.triton_repository import write_repository
+    from fusegraph.driver.triton_server import TritonServer
+    from fusegraph.errors import TargetUnavailableError
+
+    model_dir = write_repository(small_model, tmp_path, target="ref", max_batch=2)
+    (model_dir / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    http, grpc, metrics = _free_ports(3)
+    server = TritonServer(tmp_path, port=http, grpc_port=grpc, metrics_port=metrics)
+    with pytest.raises(TargetUnavailableError, match="tritonserver exited") as info:
+        server.start(timeout=120)
+    assert "model.onnx" in str(info.value) and server.process is None

@@ -1,0 +1,111 @@
+"""GEMM kernels that compute their A operand (prologue fusion), under Triton's interpreter (or
+on a GPU): the squeeze-and-excitation scale, a nearest resize and concat read through a select,
+and a layernorm whose row statistics the kernel computes before its k loop. Each runs as one
+kernel on NaN-poisoned buffers, against the NumPy reference target, in fp32 and fp16."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusegraph import api, parse_onnx
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Program
+from fusegraph.ir.shape import Shape
+from fusegraph.ops.reduce import LayerNorm
+from fusegraph.ops.source import add_param
+from tests.gpu.test_gpu_kernels import TOL, _run_configs, check_gpu, node
+from tests.helpers import make_model, rand, rel_err
+
+FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
+
+
+def _check_one_gemm(model, fp16: bool) -> None:
+    compiled = check_gpu(model, tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert [k.src.template for k in compiled.kernels] == ["gemm"]
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_conv_of_an_se_scaled_input(kernel, fp16):
+    model = make_model([node("Sigmoid", ["s"], ["g"]), node("Mul", ["x", "g"], ["xs"]),
+                        node("Conv", ["xs", "w", "b"], ["y"], kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4)],
+                       {"x": [1, 16, 5, 6], "s": [1, 16, 1, 1]}, ["y"],
+                       {"w": rand(24, 16, kernel, kernel, seed=1, scale=0.3), "b": rand(24, seed=2)})
+    _check_one_gemm(model, fp16)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("channels", [(8, 16), (16, 32)])  # 24 channels: k mixes taps; 48: taps outermost
+def test_conv_of_an_upsample_and_concat(channels, fp16):
+    ca, cb = channels
+    model = make_model([node("Resize", ["a", "", "sc"], ["u"], mode="nearest"), node("Concat", ["u", "b"], ["c"], axis=1),
+                        node("Conv", ["c", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                       {"a": [1, ca, 3, 4], "b": [1, cb, 6, 8]}, ["y"],
+                       {"sc": np.array([1, 1, 2, 2], np.float32), "w": rand(8, ca + cb, 3, 3, seed=1, scale=0.3)})
+    _check_one_gemm(model, fp16)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("lens,width", [([1, 7, 48], 48), ([1, 5, 384], 384), ([4, 768], 768)])
+def test_layernorm_then_matmul(lens, width, fp16):
+    """Rows as wide as a ViT's (384, 768) loop over K in chunks for their statistics."""
+    rng = np.random.default_rng(3)
+    gamma, beta = 1 + 0.1 * rng.standard_normal(width), 0.1 * rng.standard_normal(width)
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1, epsilon=1e-5),
+                        node("MatMul", ["t", "w"], ["y"])], {"x": lens}, ["y"],
+                       {"g": gamma.astype(np.float32), "bt": beta.astype(np.float32), "w": rand(width, 24, seed=1, scale=0.1)})
+    _check_one_gemm(model, fp16)
+
+
+def test_layernorm_then_transpose_then_batched_matmul():
+    """Sequence-first rows: the batch index of the product picks the rows' sequence position."""
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("Transpose", ["t"], ["tt"], perm=[1, 0, 2]),
+                        node("MatMul", ["tt", "w"], ["y"])], {"x": [3, 5, 64]}, ["y"],
+                       {"g": rand(64, seed=1), "bt": rand(64, seed=2), "w": rand(64, 8, seed=3, scale=0.3)})
+    _check_one_gemm(model, False)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_layernorm_then_gemm_with_bias(fp16):
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("Gemm", ["t", "w", "c"], ["y"])],
+                       {"x": [9, 40]}, ["y"], {"g": rand(40, seed=1), "bt": rand(40, seed=2), "w": rand(40, 24, seed=3, scale=0.3),
+                                              "c": rand(24, seed=4)})
+    _check_one_gemm(model, fp16)
+
+
+def test_layernorm_statistics_of_rows_far_from_zero():
+    """A mean of 300 and a spread of 1: the chunked statistics keep the variance (no E[x^2] - E[x]^2)."""
+    model = make_model([node("Add", ["x", "shift"], ["xs"]), node("LayerNormalization", ["xs", "g", "bt"], ["t"], axis=-1),
+                        node("MatMul", ["t", "w"], ["y"])], {"x": [6, 96]}, ["y"],
+                       {"shift": np.full(96, 300.0, np.float32), "g": rand(96, seed=1), "bt": rand(96, seed=2),
+                        "w": rand(96, 16, seed=3, scale=0.2)})
+    compiled = check_gpu(model, tolerance=1e-4)
+    assert [k.src.template for k in compiled.kernels] == ["gemm"]  # the add too, recomputed in both loops
+
+
+def test_layernorm_prologue_under_every_default_config():
+    """The first candidates (tile sizes and split-k: every program of a split computes the
+    statistics of its rows over all of K) and a BK of 32, on fresh inputs against the reference."""
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"])],
+                       {"x": [1, 4, 768]}, ["y"], {"g": rand(768, seed=1), "bt": rand(768, seed=2), "w": rand(768, 16, seed=3, scale=0.1)})
+    program = parse_onnx(model)
+    compiled = api.compile(program, "gpu", tune=False)
+    (k,) = compiled.kernels
+    configs = k.src.configs[:4] + [c for c in k.src.configs if c["BK"] == 32][:1]
+    assert any(c["SPLIT"] > 1 for c in configs) and len(configs) == 5, k.src.configs
+    _run_configs(program, compiled, configs, np.random.default_rng(11))
+
+
+def test_layernorm_without_affine_on_its_own():
+    """A one-input layernorm (its affine folded away) that no product computes runs in the
+    reduction template, normalizing only."""
+    p = Program()
+    x = add_param(p.main, "x", Shape.of(DType.float32, [5, 40]))
+    p.main.set_returns([p.main.add(LayerNorm(1, 1e-5), [x])], ["y"])
+    compiled = api.compile(p, "gpu", tune=False)
+    assert [k.src.template for k in compiled.kernels] == ["reduction"]
+    value = np.random.default_rng(2).standard_normal((5, 40)).astype(np.float32)
+    compiled.poison()
+    got = compiled.run({"x": value})["y"]
+    assert rel_err(got, api.run(p, {"x": value})["y"]) <= TOL

@@ -1,0 +1,230 @@
+"""Prologue fusion (passes/prologue_rule.py through FuseAnchors, passes/fold_norm_affine.py): the
+producers of a product's A operand that the rule accepts are computed inside the product's
+kernel, so each pattern becomes one fused instruction; what the rule refuses keeps its kernel.
+Every case also runs on the ref target, fused against unfused, on fresh random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from fusegraph import parse_onnx
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Instruction, Module, Program
+from fusegraph.ir.shape import Shape
+from fusegraph.ops import make_op
+from fusegraph.ops.source import add_literal, add_param
+from fusegraph.ops.views import MultiBroadcast
+from fusegraph.passes.fuse_anchors import FuseAnchors
+from fusegraph.passes.pipeline import fuse
+from fusegraph.passes.prologue_rule import RECOMPUTE_BUDGET, pointwise_ops, reads_per_element
+from tests.helpers import assert_same_results, make_model, op_names, rand
+
+TOLERANCE = 1e-6  # the same ops on the same values, in the same order
+NORM_TOLERANCE = 1e-5  # folding gamma into the weights rounds the products differently
+
+
+def node(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, **attrs)
+
+
+def _conv(m: Module, x: Instruction, out_channels: int, k: int = 1, seed: int = 1) -> Instruction:
+    w = add_literal(m, rand(out_channels, x.shape.lens[1], k, k, seed=seed))
+    pad = (k // 2,) * 4
+    return m.add(make_op("convolution", padding=pad, stride=(1, 1), dilation=(1, 1)), [x, w])
+
+
+def _se_scaled(m: Module) -> Instruction:
+    """x * sigmoid(s), s per (n, c) broadcast over h, w: a squeeze-and-excitation scale."""
+    x = add_param(m, "x", Shape.of(DType.float32, [1, 16, 5, 6]))
+    s = add_param(m, "s", Shape.of(DType.float32, [1, 16, 1, 1]))
+    g = m.add(MultiBroadcast(x.shape.lens), [m.add(make_op("sigmoid"), [s])])
+    return m.add(make_op("mul"), [x, g])
+
+
+def _fused(p: Program) -> list[Instruction]:
+    return [i for i in p.main if i.op.name == "fused"]
+
+
+def _sub_ops(fused: Instruction) -> list[str]:
+    return [n for n in op_names(fused.op.module) if n not in ("@param", "load", "allocate", "store")]
+
+
+def test_cost_rule_counts_reads_per_element_and_ops():
+    m = Module()
+    xs = _se_scaled(m)
+    assert pointwise_ops(xs) == 2  # the mul and the sigmoid, through the broadcast
+    assert reads_per_element(_conv(m, xs, 24)) == 1
+    assert reads_per_element(_conv(m, xs, 24, k=3)) == 9  # each element under nine taps
+    assert reads_per_element(_conv(m, xs, 300)) == 3  # one read per N tile of 128 channels
+    a = add_param(m, "a", Shape.of(DType.float32, [2, 6, 16]))
+    dot = m.add(make_op("dot"), [a, add_literal(m, rand(2, 16, 200, seed=3))])
+    assert reads_per_element(dot) == 2  # batched: its weights' last axis is N, not a window
+
+
+def test_se_scaled_input_is_computed_in_the_conv():
+    def build() -> Program:
+        p = Program()
+        m = p.main
+        m.set_returns([_conv(m, _se_scaled(m), 24)], ["y"])
+        return p
+
+    before, after = build(), build()
+    assert FuseAnchors().apply(after.main)
+    (f,) = _fused(after)
+    assert op_names(after.main) == ["@param", "@param", "@literal", "fused"]
+    assert f.op.attrs["kernel"] == "sigmoid_mul_conv"
+    assert _sub_ops(f) == ["sigmoid", "mul", "convolution"]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def _shared_scale(second_kernel: int) -> Program:
+    """The SE-scaled tensor read by two convolutions: a 1x1 and one of `second_kernel`."""
+    p = Program()
+    m = p.main
+    xs = _se_scaled(m)
+    a = _conv(m, xs, 8, seed=1)
+    b = _conv(m, xs, 8, k=second_kernel, seed=2)
+    m.set_returns([m.add(make_op("add"), [a, b])], ["y"])
+    return p
+
+
+def test_a_producer_cheap_for_every_reader_is_recomputed_by_each():
+    """2 ops x 1 read <= the budget in both 1x1 convolutions: both compute the scale, no mul kernel."""
+    before, after = _shared_scale(1), _shared_scale(1)
+    assert 2 * 1 <= RECOMPUTE_BUDGET
+    assert FuseAnchors().apply(after.main)
+    assert [f.op.attrs["kernel"] for f in _fused(after)] == ["sigmoid_mul_conv", "sigmoid_mul_conv_add"]
+    assert "mul" not in op_names(after.main)
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_producer_expensive_for_another_reader_keeps_its_kernel():
+    """The 3x3 convolution would repeat the scale 9 times per element (2 x 9 > the budget): the
+    scale stays outside, both convolutions read it, and the full pipeline gives it its own kernel."""
+    before, after = _shared_scale(3), _shared_scale(3)
+    assert 2 * 9 > RECOMPUTE_BUDGET
+    assert FuseAnchors().apply(after.main)
+    assert [f.op.attrs["kernel"] for f in _fused(after)] == ["conv", "conv_add"]
+    assert "mul" in op_names(after.main)
+    assert_same_results(before, after, tolerance=TOLERANCE)
+    fuse(after)
+    assert [f.op.attrs["kernel"] for f in _fused(after)] == ["sigmoid_mul", "conv", "conv_add"]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def _neck() -> object:
+    """Nearest upsample (scale 2) of one map, concatenated with another, into a 3x3 convolution."""
+    return make_model([node("Resize", ["a", "", "sc"], ["u"], mode="nearest"), node("Concat", ["u", "b"], ["c"], axis=1),
+                       node("Conv", ["c", "w", "wb"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                      {"a": [1, 8, 3, 4], "b": [1, 16, 6, 8]}, ["y"],
+                      {"sc": np.array([1, 1, 2, 2], np.float32), "w": rand(8, 24, 3, 3, seed=1), "wb": rand(8, seed=2)})
+
+
+def test_resize_and_concat_are_read_by_the_conv_through_a_select():
+    before, after = parse_onnx(_neck()), parse_onnx(_neck())
+    fuse(after)
+    (f,) = _fused(after)
+    assert f.op.attrs["kernel"] == "concat_conv_add"
+    assert _sub_ops(f) == ["select", "convolution", "add"]
+    loads = [str(i.op) for i in f.op.module if i.op.name == "load"][:2]
+    assert loads[0].endswith("(i0, i1, (i2 // 2), (i3 // 2)) if 0 <= i1 < 8]")  # the resize's map, under the part's range
+    assert loads[1].endswith("(i0, i1 - 8, i2, i3) if 8 <= i1 < 24]")
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_concat_of_kernel_outputs_is_left_to_concat_elimination():
+    """Both parts are kernels that can write into the concat's buffer: no select, no copy."""
+    m = make_model([node("Conv", ["x", "w1"], ["a"], kernel_shape=[1, 1]), node("Conv", ["z", "w2"], ["b"], kernel_shape=[1, 1]),
+                    node("Relu", ["a"], ["ra"]), node("Relu", ["b"], ["rb"]),
+                    node("Concat", ["ra", "rb"], ["c"], axis=1), node("Conv", ["c", "w3"], ["y"], kernel_shape=[1, 1])],
+                   {"x": [1, 4, 5, 5], "z": [1, 4, 5, 5]}, ["y"], {"w1": rand(8, 4, 1, 1, seed=1), "w2": rand(6, 4, 1, 1, seed=2),
+                                                "w3": rand(5, 14, 1, 1, seed=3)})
+    before, after = parse_onnx(m), parse_onnx(m)
+    fuse(after)
+    assert [f.op.attrs["kernel"] for f in _fused(after)] == ["conv_relu", "conv_relu", "conv"]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def _layernorm_model(op: str, lens: list[int], k: int, n: int):
+    nodes = [node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1, epsilon=1e-5)]
+    literals = {"g": rand(k, seed=1), "b": rand(k, seed=2), "w": rand(k, n, seed=3, scale=0.2)}
+    if op == "Gemm":
+        nodes.append(node("Gemm", ["t", "w", "c"], ["y"]))
+        literals["c"] = rand(n, seed=4)
+    else:
+        nodes.append(node("MatMul", ["t", "w"], ["y"]))
+    return make_model(nodes, {"x": lens}, ["y"], literals)
+
+
+def test_layernorm_before_matmul_is_normalized_in_the_product_with_the_affine_in_its_weights():
+    model = _layernorm_model("MatMul", [1, 7, 48], 48, 20)
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    (f,) = _fused(after)
+    assert f.op.attrs["kernel"] == "layernorm_dot_add"  # the add is beta W, the folded shift
+    assert _sub_ops(f) == ["layernorm", "dot", "add"]
+    (ln,) = [i for i in f.op.module if i.op.name == "layernorm"]
+    assert len(ln.inputs) == 1  # gamma and beta are in the weights and the bias now
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+
+
+def test_layernorm_before_gemm_with_bias_gives_one_bias_add():
+    model = _layernorm_model("Gemm", [9, 40], 40, 24)
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    (f,) = _fused(after)
+    assert _sub_ops(f) == ["layernorm", "dot", "add"]
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+
+
+def test_layernorm_with_another_kind_of_reader_keeps_its_kernel():
+    model = make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"]),
+                        node("Relu", ["t"], ["z"])], {"x": [6, 32]}, ["y", "z"],
+                       {"g": rand(32, seed=1), "b": rand(32, seed=2), "w": rand(32, 8, seed=3)})
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    kernels = [f.op.attrs["kernel"] for f in _fused(after)]
+    assert kernels[0].startswith("layernorm") and "dot" in kernels[1] and "layernorm" not in kernels[1]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def _layernorm_transpose_matmul(perm: list[int]):
+    return make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("Transpose", ["t"], ["tt"], perm=perm),
+                       node("MatMul", ["tt", "w"], ["y"])], {"x": [3, 5, 32]}, ["y"],
+                      {"g": rand(32, seed=1), "b": rand(32, seed=2), "w": rand(32 if perm[-1] == 2 else 5, 8, seed=3)})
+
+
+def test_layernorm_read_through_a_transpose_of_its_leading_axes_is_in_the_product():
+    """Sequence-first attention transposes the normalized rows before its projection: each row
+    stays whole, so the product still normalizes it."""
+    model = _layernorm_transpose_matmul([1, 0, 2])
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    (f,) = _fused(after)
+    assert _sub_ops(f) == ["layernorm", "dot", "add"]
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+
+
+def test_layernorm_whose_rows_a_transpose_breaks_keeps_its_kernel():
+    """A product summing across rows (the normalized axis moved away from K) cannot normalize."""
+    model = _layernorm_transpose_matmul([0, 2, 1])
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    kernels = [f.op.attrs["kernel"] for f in _fused(after)]
+    assert len(kernels) == 2 and kernels[0].startswith("layernorm")
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_rms_norm_scales_rows_inside_the_product_after_a_statistics_kernel():
+    """RMSNormalization arrives as ops (mean of squares, sqrt, div, scale): the row statistic is
+    a reduction kernel, and the division and scale that produce the normalized rows are the
+    product's prologue, so the normalized tensor is never written."""
+    model = make_model([node("RMSNormalization", ["x", "g"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"])],
+                       {"x": [6, 32]}, ["y"], {"g": rand(32, seed=1), "w": rand(32, 8, seed=3)}, opset=23)
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    stats, product = _fused(after)
+    assert "reduce_mean" in _sub_ops(stats)
+    assert _sub_ops(product)[-2:] == ["mul", "dot"] and "div" in _sub_ops(product)
+    assert_same_results(before, after, tolerance=TOLERANCE)
