@@ -175,8 +175,28 @@ class _Epilogue:
             return self._single_output()
         if any(u.op.concatenates for m in extras for u in users[m]):
             return self._single_output()  # a concat part is written in place only as a group's value
+        single = self._single_output()
+        if self._prologues_compute(single, [m for m in group if read_outside(m)]):
+            return single
         out = group[-1]
         return Grown(out, self.pieces[id(out)], group, [(m, self.pieces[id(m)]) for m in extras])
+
+    def _prologues_compute(self, single: "Grown", stored: list[Instruction]) -> bool:
+        """Whether the one-output group `single` already gives the kernels their values: every
+        member stored beyond it is pointwise and read outside only by products that would
+        compute it in their prologue (`PrologueRule`) from `single`'s output. Storing it then
+        saves no kernel and costs a write of every element."""
+        inside = {id(m) for m in single.members}
+        beyond = [m for m in stored if id(m) not in inside]
+        if not beyond or any(m.op.kind != OpKind.POINTWISE for m in beyond):
+            return False
+        kept, through_views = {id(m) for m in self.members}, PrologueRule(self.module, self.anchor)
+        for m in beyond:
+            readers = through_views.readers(m)
+            outside = [u for u in readers or [] if id(u) not in kept]
+            if readers is None or not outside or not all(PrologueRule(self.module, u)(m) for u in outside):
+                return False
+        return True
 
     def _single_output(self) -> "Grown":
         """The latest member whose ancestors in the group are read only inside them, alone."""

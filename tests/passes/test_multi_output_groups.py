@@ -1,7 +1,8 @@
 """Multi-output fused groups (passes/fuse_anchors.py `_choose_outputs`): a group stores every
 member value read outside it, each into a buffer of its own read through `fused_output`, so a
 value needed elsewhere (a residual and its activation, a returned intermediate) does not split
-the group; views read outside and concat parts keep the single-output rule."""
+the group; views read outside and concat parts keep the single-output rule, and so does a
+group whose further members only products read that would compute them in their prologue."""
 
 from __future__ import annotations
 
@@ -20,18 +21,24 @@ from onnx import helper
 TOLERANCE = 1e-6  # the same ops on the same values, element by element
 
 
-def residual_block() -> Program:
-    """a = conv(x) + x; r = relu(a); y = conv2(r) + a: the residual add is read by the
-    activation and by the next block's add."""
+def residual_block(readers: int = 2) -> Program:
+    """a = conv(x) + x; r = relu(a); y = conv2(r) + a, and with two readers also z = conv3(r):
+    the residual add is read by the activation and by the next block's add. The 3x3 convs
+    read each element of r 9 times, so with two of them neither computes r in its prologue
+    (over `prologue_rule.RECOMPUTE_BUDGET`); a single one does."""
     p = Program()
     m = p.main
     x = add_param(m, "x", Shape.of(DType.float32, [1, 4, 3, 3]))
     conv = make_op("convolution", padding=(0, 0, 0, 0), stride=(1, 1), dilation=(1, 1))
+    conv3x3 = make_op("convolution", padding=(1, 1, 1, 1), stride=(1, 1), dilation=(1, 1))
     c = m.add(conv, [x, add_literal(m, rand(4, 4, 1, 1, seed=1))])
     a = m.add(make_op("add"), [c, x])
     r = m.add(make_op("relu"), [a])
-    c2 = m.add(conv, [r, add_literal(m, rand(4, 4, 1, 1, seed=2))])
-    m.set_returns([m.add(make_op("add"), [c2, a])], ["y"])
+    c2 = m.add(conv3x3, [r, add_literal(m, rand(4, 4, 3, 3, seed=2))])
+    outs = [m.add(make_op("add"), [c2, a])]
+    if readers == 2:
+        outs.append(m.add(conv3x3, [r, add_literal(m, rand(4, 4, 3, 3, seed=3))]))
+    m.set_returns(outs, ["y", "z"][:len(outs)])
     return p
 
 
@@ -43,12 +50,26 @@ def test_a_residual_and_its_activation_leave_one_kernel():
         "@1 = @literal -> float_type, {4, 4, 1, 1}, {4, 1, 1, 1}",
         "@2 = conv_add_relu[module=fused0](@0,@1) -> float_type, {1, 4, 3, 3}, {36, 9, 3, 1}",
         "@3 = fused_output[index=1](@2) -> float_type, {1, 4, 3, 3}, {36, 9, 3, 1}",
-        "@4 = @literal -> float_type, {4, 4, 1, 1}, {4, 1, 1, 1}",
+        "@4 = @literal -> float_type, {4, 4, 3, 3}, {36, 9, 3, 1}",
         "@5 = conv_add[module=fused1](@2,@4,@3) -> float_type, {1, 4, 3, 3}, {36, 9, 3, 1}",
-        "@6 = @return(@5)"]
+        "@6 = @literal -> float_type, {4, 4, 3, 3}, {36, 9, 3, 1}",
+        "@7 = conv[module=fused2](@2,@6) -> float_type, {1, 4, 3, 3}, {36, 9, 3, 1}",
+        "@8 = @return(@5,@7)"]
     sub = after.main.instructions[2].op.module
     assert op_names(sub)[-5:] == ["relu", "allocate", "store", "allocate", "store"]
     assert printed(sub)[-1] == f"@{len(sub.instructions)} = @return(@{len(sub.instructions) - 3},@{len(sub.instructions) - 1})"
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_an_activation_one_product_reads_is_its_prologue_not_a_further_output():
+    """With conv2 the relu's only reader, conv2 computes it in its prologue (`PrologueRule`):
+    storing it from the first kernel as well would save no kernel, so that group keeps the
+    single output it had (the residual) and nothing is stored twice."""
+    before, after = residual_block(readers=1), residual_block(readers=1)
+    assert FuseAnchors().apply(after.main)
+    fused = [i for i in after.main if i.op.name == "fused"]
+    assert [i.op.attrs["kernel"] for i in fused] == ["conv_add", "relu_conv_add"]
+    assert "fused_output" not in op_names(after.main) and fused[1].inputs[0] is fused[0]
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 
@@ -58,13 +79,13 @@ def test_a_returned_intermediate_is_a_further_output():
         p = residual_block()
         m = p.main
         a = m.instructions[3]
-        m.set_returns([m.returns[0], a], ["y", "a"])
+        m.set_returns([*m.returns, a], ["y", "z", "a"])
         return p
 
     before, after = build(), build()
     FuseAnchors().apply(after.main)
-    assert op_names(after.main).count("fused") == 2 and "relu" not in op_names(after.main)
-    assert after.main.returns[1].op.name == "fused_output"
+    assert op_names(after.main).count("fused") == 3 and "relu" not in op_names(after.main)
+    assert after.main.returns[2].op.name == "fused_output"
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 
@@ -115,11 +136,12 @@ def residual_model():
 
 
 def test_the_pipeline_fuses_a_residual_block_into_two_kernels():
-    """conv+add+relu (two stores) and conv+add: the relu is no kernel of its own."""
+    """conv+add and relu+conv+add: the relu is no kernel of its own, the second conv computes
+    it in its prologue, so the first kernel stores the residual alone."""
     program = parse_onnx(residual_model())
     api.fuse(program)
     assert count_kernels(program) == 2
-    assert [i.op.attrs["kernel"] for i in program.main if i.op.name == "fused"] == ["conv_add_relu", "conv_add"]
+    assert [i.op.attrs["kernel"] for i in program.main if i.op.name == "fused"] == ["conv_add", "relu_conv_add"]
     assert_same_results(parse_onnx(residual_model()), program, tolerance=1e-5)
 
 
