@@ -127,12 +127,17 @@ def test_a_reduction_group_stores_its_value_and_its_epilogue():
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 
-def residual_model():
+def residual_model(readers: int = 1):
+    """conv -> add x -> relu -> 1x1 conv -> add the residual; with two readers the relu also
+    feeds a 3x3 conv, whose 9 reads of each element put its recomputation over the budget."""
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "x"], ["a"]),
              helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["c2"]),
              helper.make_node("Add", ["c2", "a"], ["y"])]
-    return make_model(nodes, {"x": [1, 16, 6, 6]}, ["y"],
-                      {"w": rand(16, 16, 3, 3, seed=1, scale=0.1), "w2": rand(16, 16, 1, 1, seed=2, scale=0.2)})
+    inits = {"w": rand(16, 16, 3, 3, seed=1, scale=0.1), "w2": rand(16, 16, 1, 1, seed=2, scale=0.2)}
+    if readers == 2:
+        nodes.append(helper.make_node("Conv", ["r", "w3"], ["z"], pads=[1, 1, 1, 1]))
+        inits["w3"] = rand(16, 16, 3, 3, seed=3, scale=0.1)
+    return make_model(nodes, {"x": [1, 16, 6, 6]}, ["y", "z"][:readers], inits)
 
 
 def test_the_pipeline_fuses_a_residual_block_into_two_kernels():
