@@ -37,6 +37,11 @@ def gemm_template(anchor: Instruction) -> bool:
     return anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) == "gemm"
 
 
+def pixel_sum_template(anchor: Instruction) -> bool:
+    """Whether `anchor` is a convolution whose template (GEMM or depthwise) sums over its pixels."""
+    return anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) in ("gemm", "depthwise")
+
+
 def run_length(m: IndexMap, anchor: Instruction, axis: int) -> int | None:
     """L when axis `axis` of the tensor `m` maps to is the anchor's channel index modulo L and
     no other axis reads the channel index but by its quotient; None otherwise."""
@@ -95,7 +100,7 @@ def pixel_reduction(anchor: Instruction, ins: Instruction, pieces: list[Piece], 
     red = ins.op.reduction
     if red is None or red.combine != "add" or red.finalize not in (None, "div") or ins.shape.dtype == DType.float64:
         return None  # (the parts are added in float32)
-    if not gemm_template(anchor) or not anchor.op.spatial_window or len(pieces) != 1 or pieces[0].domain:
+    if not pixel_sum_template(anchor) or not anchor.op.spatial_window or len(pieces) != 1 or pieces[0].domain:
         return None
     (p,) = pieces
     reduced = set(ins.op.reduced_axes(ins.shape.ndim))

@@ -90,6 +90,35 @@ def test_an_se_squeeze_is_summed_by_the_conv_kernel(batch, hw, fp16):
     assert all(cfg["SPLIT"] == 1 for cfg in c.kernels[0].src.configs)
 
 
+@pytest.mark.parametrize("batch,hw,fp16", [(2, 6, False), (3, 5, True)])
+def test_an_se_squeeze_is_summed_by_the_depthwise_kernel(batch, hw, fp16):
+    """MobileNetV3's and EfficientNet's squeeze follows a depthwise conv + SiLU: the depthwise
+    kernel stores the map and the channel means, its pixel blocks giving parts per sample."""
+    from tests.passes.test_reduction_epilogue import se_model
+
+    c = check_gpu(se_model(batch=batch, hw=hw, depthwise=True), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    k = c.kernels[0].src
+    assert (k.template, k.kernel_name) == ("depthwise", "conv_add_sigmoid_mul_reduce_mean")
+    assert k.args[-2:] == ["part", "pcnt"] and "atomic_add(pcnt" in k.source
+    assert "atomic_add(part" not in k.source and "atomic_xchg(part" not in k.source  # no float atomics
+
+
+def test_depthwise_squeeze_parts_are_combined_across_many_pixel_blocks():
+    """The smallest pixel block over 12x12 pixels: several blocks per sample."""
+    from tests.passes.test_reduction_epilogue import se_model
+
+    program = parse_onnx(se_model(batch=2, hw=12, depthwise=True))
+    compiled = api.compile(program, "gpu", tune=False)
+    k = compiled.kernels[0]
+    assert k.src.template == "depthwise"
+    k.config = min(k.src.configs, key=lambda cfg: cfg["BP"])
+    assert k.config["BP"] < 144
+    inputs = {"x": np.random.default_rng(1).standard_normal((2, 32, 12, 12)).astype(np.float32)}
+    compiled.poison()
+    got, want = compiled.run(inputs)["y"], api.run(program, inputs)["y"]
+    assert float(np.abs(got - want).max()) <= 1e-4 * float(np.abs(want).max())
+
+
 def test_se_squeeze_parts_are_combined_across_many_row_tiles():
     """The smallest row tile over 12x12 pixels: several row tiles per sample."""
     from tests.passes.test_reduction_epilogue import se_model
@@ -120,7 +149,8 @@ def test_the_epilogue_reduction_kernels_compile_for_sm90():
     from tests.passes.test_reduction_epilogue import se_model
 
     jobs = []
-    for model in (se_model(batch=2, hw=12), head_model(192, [1, 12, 3, 64], [0, 2, 1, 3]), residual_model(readers=2)):
+    for model in (se_model(batch=2, hw=12), se_model(batch=2, hw=12, depthwise=True),
+                  head_model(192, [1, 12, 3, 64], [0, 2, 1, 3]), residual_model(readers=2)):
         program = parse_onnx(model)
         ToHalf(DType.float16).apply(program.main)
         fuse(program)

@@ -143,16 +143,20 @@ def test_yolov8s_dfl_softmax_runs_inside_its_head_conv():
 
 
 
-def se_model(batch: int = 1, c: int = 32, hw: int = 6):
-    """A squeeze-and-excitation block after a conv + SiLU: global mean -> fc -> relu -> fc ->
-    sigmoid -> scale the SiLU output per channel."""
+def se_model(batch: int = 1, c: int = 32, hw: int = 6, depthwise: bool = False):
+    """A squeeze-and-excitation block after a conv + SiLU (a depthwise one: MobileNetV3's and
+    EfficientNet's): global mean -> fc -> relu -> fc -> sigmoid -> scale the SiLU output per
+    channel."""
     n = lambda op, i, o, **a: helper.make_node(op, i, o, **a)
-    nodes = [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Sigmoid", ["c"], ["sg"]), n("Mul", ["c", "sg"], ["a"]),
+    groups = {"group": c} if depthwise else {}
+    nodes = [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], **groups), n("Sigmoid", ["c"], ["sg"]), n("Mul", ["c", "sg"], ["a"]),
              n("GlobalAveragePool", ["a"], ["m"]), n("Conv", ["m", "w1", "b1"], ["f1"]), n("Relu", ["f1"], ["r1"]),
              n("Conv", ["r1", "w2", "b2"], ["f2"]), n("Sigmoid", ["f2"], ["s"]), n("Mul", ["a", "s"], ["y"])]
-    inits = {"w": rand(c, 16, 3, 3, seed=1, scale=0.2), "b": rand(c, seed=2), "w1": rand(8, c, 1, 1, seed=3, scale=0.3),
-             "b1": rand(8, seed=4), "w2": rand(c, 8, 1, 1, seed=5, scale=0.3), "b2": rand(c, seed=6)}
-    return make_model(nodes, {"x": [batch, 16, hw, hw]}, ["y"], inits)
+    cin = c if depthwise else 16
+    inits = {"w": rand(c, 1 if depthwise else cin, 3, 3, seed=1, scale=0.2), "b": rand(c, seed=2),
+             "w1": rand(8, c, 1, 1, seed=3, scale=0.3), "b1": rand(8, seed=4), "w2": rand(c, 8, 1, 1, seed=5, scale=0.3),
+             "b2": rand(c, seed=6)}
+    return make_model(nodes, {"x": [batch, cin, hw, hw]}, ["y"], inits)
 
 
 def test_an_se_squeeze_is_stored_by_the_conv_that_produces_its_input():

@@ -68,13 +68,32 @@ def emit_segment_reduce(w: KernelWriter, ins: Instruction, tile: Tile, index: In
 
 
 @dataclass(frozen=True)
+class TileNames:
+    """How a template names a tile's row and column variables, their block sizes, the row
+    block's program index, the column block's index over the whole grid and the other
+    variables its output index may name."""
+
+    row: str
+    col: str
+    row_block: str
+    col_block: str
+    row_program: str
+    column: str
+    fixed: tuple[tuple[str, str], ...]
+
+
+GEMM_TILE = TileNames("rm", "rn", "BM", "BN", "pid_m", "gz * tl.num_programs(1) + pid_n", (("gz", "gz"), ("nq", "pid_n")))
+
+
+@dataclass(frozen=True)
 class PixelSums:
     """The shape of a kernel's pixel sums: its rows (samples x pixels), the pixels per sample
-    and the output channels."""
+    and the output channels, and the names of the template's tile."""
 
     rows: int
     pixels: int
     channels: int
+    names: TileNames = GEMM_TILE
 
     def slots(self, bm: str | int) -> str:
         return f"(({bm} - 1) // {self.pixels} + 2)"
@@ -93,7 +112,8 @@ def pixel_sum_workspace(src: KernelSource, config: dict[str, int]) -> tuple[int,
     columns = 1
     for extent, block, _ in src.grid_dims[1:]:
         columns *= cdiv(extent, config[block]) if block else extent
-    return cdiv(p.rows, config["BM"]) * ((config["BM"] - 1) // p.pixels + 2) * p.channels, columns
+    bm = config[p.names.row_block]
+    return cdiv(p.rows, bm) * ((bm - 1) // p.pixels + 2) * p.channels, columns
 
 
 def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Index, sums: PixelSums,
@@ -101,28 +121,30 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
     """Add the tile's rows per sample into `part`; the last row tile of the column block adds
     the parts in order and stores the result through `ret`'s map (see the module docstring).
     `codes` receives the result's code for the tile the store reads it on."""
+    t = sums.names
+    bm, p = t.row_block, sums.pixels
     x = w.value(ret.inputs[1].inputs[0], te, out_index)
     valid = te.conjunction(te.mask_for(te.dims))
-    v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [BM, BN]), 0.0)")
-    chan, cols, n, slots = te.code(out_index[1]), te.bounds["rn"], sums.channels, sums.slots("BM")
+    v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [{bm}, {t.col_block}]), 0.0)")
+    chan, cols, n, slots = te.code(out_index[1]), te.bounds[t.col], sums.channels, sums.slots(bm)
     keep = f", mask={cols}" if cols else ""
-    w.emit(f"s0 = pid_m * BM // {sums.pixels}")
+    w.emit(f"s0 = {t.row_program} * {bm} // {p}")
     with w.block(f"for j in tl.static_range({slots}):"):
-        w.emit(f"pj = tl.sum(tl.where((rm[:, None] // {sums.pixels}) == s0 + j, {v}, 0.0), 0)[None, :]")
-        w.emit(f"tl.store(part + (pid_m * {slots} + j) * {n} + {chan}, pj{keep})")
+        w.emit(f"pj = tl.sum(tl.where(({t.row}[:, None] // {p}) == s0 + j, {v}, 0.0), 0)[None, :]")
+        w.emit(f"tl.store(part + ({t.row_program} * {slots} + j) * {n} + {chan}, pj{keep})")
     w.emit("tl.debug_barrier()")  # every thread's parts are out before the count says so
-    w.emit("col = gz * tl.num_programs(1) + pid_n")
+    w.emit(f"col = {t.column}")
     w.emit('seen = tl.atomic_add(pcnt + col, 1, sem="acq_rel")')
     with w.block("if seen == tl.num_programs(0) - 1:"):
-        samples = sums.rows // sums.pixels
+        samples = sums.rows // p
         with w.block(f"for sn in range({samples}):"):
-            w.emit("tot = tl.zeros([1, BN], dtype=tl.float32)")
-            with w.block(f"for t in range(sn * {sums.pixels} // BM, ((sn + 1) * {sums.pixels} - 1) // BM + 1):"):
-                ptr = f"part + (t * {slots} + sn - t * BM // {sums.pixels}) * {n} + {chan}"
+            w.emit(f"tot = tl.zeros([1, {t.col_block}], dtype=tl.float32)")
+            with w.block(f"for t in range(sn * {p} // {bm}, ((sn + 1) * {p} - 1) // {bm} + 1):"):
+                ptr = f"part + (t * {slots} + sn - t * {bm} // {p}) * {n} + {chan}"
                 # past L1: the parts were stored by other programs, maybe on other SMs
-                w.emit(f'tot += tl.load({ptr}{keep}, other=0.0, cache_modifier=".cg")')
-            tm = Tile({"rn": te.names["rn"], "gz": "gz", "nq": "pid_n", "sn": "sn"}, {"rn": cols})
-            codes[id(tm)] = f"(tot / {sums.pixels}.0)" if ret.inputs[1].op.attrs["mean"] else "tot"
-            first_row = {"rm": var("sn", samples) * sums.pixels}
+                w.emit(f'tot += tl.load({ptr}{keep + ", other=0.0" if cols else ""}, cache_modifier=".cg")')
+            tm = Tile({t.col: te.names[t.col], **dict(t.fixed), "sn": "sn"}, {t.col: cols})
+            codes[id(tm)] = f"(tot / {p}.0)" if ret.inputs[1].op.attrs["mean"] else "tot"
+            first_row = {t.row: var("sn", samples) * p}
             w.store(ret, tm, tuple(substitute(e, first_row, check=False) for e in out_index))
         w.emit("tl.atomic_xchg(pcnt + col, 0)")
