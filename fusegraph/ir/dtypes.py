@@ -25,6 +25,9 @@ class DType(enum.Enum):
     int16 = "int16_type"
     int8 = "int8_type"
     uint8 = "uint8_type"
+    uint16 = "uint16_type"
+    uint32 = "uint32_type"
+    uint64 = "uint64_type"
     bool = "bool_type"
 
     @property
@@ -41,7 +44,8 @@ class DType(enum.Enum):
 
     @property
     def is_integer(self) -> bool:
-        return self in (DType.int64, DType.int32, DType.int16, DType.int8, DType.uint8)
+        return self in (DType.int64, DType.int32, DType.int16, DType.int8, DType.uint8, DType.uint16, DType.uint32,
+                        DType.uint64)
 
     def __str__(self) -> str:
         return self.value
@@ -66,5 +70,8 @@ _TO_NUMPY: dict[DType, np.dtype] = {
     DType.int16: np.dtype(np.int16),
     DType.int8: np.dtype(np.int8),
     DType.uint8: np.dtype(np.uint8),
+    DType.uint16: np.dtype(np.uint16),
+    DType.uint32: np.dtype(np.uint32),
+    DType.uint64: np.dtype(np.uint64),
     DType.bool: np.dtype(np.bool_),
 }

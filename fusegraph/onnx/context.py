@@ -19,7 +19,7 @@ from fusegraph.errors import DynamicValueError, ParseError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import Op
-from fusegraph.ops.constant_fold import fold, foldable
+from fusegraph.ops.constant_fold import fold, foldable, reads_nothing
 from fusegraph.ops.source import add_literal
 
 MIN_OPSET = 1  # the oldest default-domain opset the parsers read
@@ -34,6 +34,9 @@ ONNX_TO_DTYPE: dict[int, DType] = {
     onnx.TensorProto.INT16: DType.int16,
     onnx.TensorProto.INT8: DType.int8,
     onnx.TensorProto.UINT8: DType.uint8,
+    onnx.TensorProto.UINT16: DType.uint16,
+    onnx.TensorProto.UINT32: DType.uint32,
+    onnx.TensorProto.UINT64: DType.uint64,
     onnx.TensorProto.BOOL: DType.bool,
 }
 
@@ -128,10 +131,11 @@ class ImportContext:
 
     # building ----------------------------------------------------------------------
     def add(self, op: Op, inputs: Sequence[Instruction]) -> Instruction:
-        """Append an instruction; fold it into a literal when all its inputs are literals."""
+        """Append an instruction; fold it into a literal when all its inputs are literals or
+        all are empty (no kernel can run on an empty tensor, and none needs to)."""
         origin = self.node.name if self.node is not None else ""
         ins = self.module.add(op, inputs, origin=origin)
-        if foldable(ins):
+        if foldable(ins) or reads_nothing(ins):
             try:
                 return fold(self.module, ins)
             except (ValueError, IndexError) as e:

@@ -1,7 +1,8 @@
 """ONNX graph -> fusegraph Program.
 
 Unsupported ops are all reported at once, before anything is built, so a user sees the whole
-list of what a model needs. Input dimensions can be fixed by name (`--input-dim`); with all
+list of what a model needs; ops without a parser that ONNX defines as functions are read as
+their bodies (`functions.py`). Input dimensions can be fixed by name (`--input-dim`); with all
 shapes known, shape subgraphs fold to literals as the nodes are read.
 """
 
@@ -15,10 +16,11 @@ import onnx
 from onnx import numpy_helper
 
 from fusegraph.errors import FusegraphError, ParseError, UnsupportedOpError
-from fusegraph.ir.program import Program
+from fusegraph.ir.program import Instruction, Program
 from fusegraph.ir.shape import Shape
 from fusegraph.onnx import parsers  # noqa: F401  (registers the parsers)
-from fusegraph.onnx.context import MIN_OPSET, PARSERS, ImportContext, onnx_dtype
+from fusegraph.onnx.context import MIN_OPSET, PARSERS, ImportContext, onnx_dtype, onnx_op
+from fusegraph.onnx.functions import expand_functions
 from fusegraph.onnx.validate import validate_model
 from fusegraph.onnx.loader import load_model
 from fusegraph.ops.source import add_literal, add_param
@@ -38,9 +40,14 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     """
     model = load_model(source)
     validate_model(model, input_dims)
+    try:
+        opset = _opset(model)
+    except ParseError:
+        _check_supported(model.graph)  # unsupported ops are reported first
+        raise
+    model, body_opsets = expand_functions(model, opset, PARSERS.__contains__)
     graph = model.graph
     _check_supported(graph)
-    opset = _opset(model)
     program = Program()
     module = program.main
     ctx = ImportContext(module, opset)
@@ -63,28 +70,8 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     for k, node in enumerate(graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{k}"
-        ctx.node = node
-        args = []
-        for name in node.input:
-            if not name:
-                args.append(None)
-            elif name not in ctx.values:
-                raise ParseError(f"{ctx.where}: input {name!r} is not produced by any earlier node or graph input")
-            else:
-                args.append(ctx.values[name])
-        try:
-            result = PARSERS[_op_key(node)](ctx, args)
-        except FusegraphError:
-            raise
-        except (ValueError, TypeError, IndexError, AssertionError) as e:
-            raise ParseError(f"{ctx.where}: {e or type(e).__name__}") from None
-        outs = result if isinstance(result, list) else [result]
-        for name, ins in zip(node.output, outs):
-            if name:
-                ctx.values[name] = ins
-        missing = [n for n in node.output[len(outs):] if n]
-        if missing:
-            raise ParseError(f"{ctx.where}: output(s) {', '.join(missing)} are not supported")
+        ctx.opset = body_opsets.get(node.name, opset)
+        _import_node(ctx, node)
     ctx.node = None
     returns = []
     for out in graph.output:
@@ -98,6 +85,55 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     if ranges:  # the integer inputs' value ranges (see driver/inputs.input_ranges)
         program.meta["input_ranges"] = ranges
     return program
+
+
+def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> None:
+    """Parse one node: its inputs from `ctx.values`, its outputs into them."""
+    ctx.node = node
+    args = []
+    for name in node.input:
+        if not name:
+            args.append(None)
+        elif name not in ctx.values:
+            raise ParseError(f"{ctx.where}: input {name!r} is not produced by any earlier node or graph input")
+        else:
+            args.append(ctx.values[name])
+    try:
+        result = PARSERS[_op_key(node)](ctx, args)
+    except FusegraphError:
+        raise
+    except (ValueError, TypeError, IndexError, AssertionError) as e:
+        raise ParseError(f"{ctx.where}: {e or type(e).__name__}") from None
+    outs = result if isinstance(result, list) else [result]
+    for name, ins in zip(node.output, outs):
+        if name:
+            ctx.values[name] = ins
+    missing = [n for n in node.output[len(outs):] if n]
+    if missing:
+        raise ParseError(f"{ctx.where}: output(s) {', '.join(missing)} are not supported")
+
+
+@onnx_op("If")
+def parse_if(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
+    """An If whose condition is known at import is the branch it takes, read in place."""
+    node = ctx.node
+    assert node is not None
+    cond = ctx.require_const(ins[0], "the If condition").reshape(-1)
+    if cond.size != 1:
+        raise ctx.error(f"the condition must hold one value, got {cond.size}")
+    branch = ctx.attr("then_branch" if bool(cond[0]) else "else_branch")
+    if not isinstance(branch, onnx.GraphProto):
+        raise ctx.error("missing attribute then_branch or else_branch")
+    for t in branch.initializer:
+        ctx.values[t.name] = ctx.literal(numpy_helper.to_array(t))
+    for k, inner in enumerate(branch.node):
+        inner.name = f"{node.name}/{inner.name or inner.op_type + '_' + str(k)}"
+        _import_node(ctx, inner)
+    ctx.node = node
+    missing = [o.name for o in branch.output if o.name not in ctx.values]
+    if missing:
+        raise ctx.error(f"branch output(s) {', '.join(missing)} are not produced")
+    return [ctx.values[o.name] for o in branch.output]
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -115,9 +151,21 @@ def _op_key(node: onnx.NodeProto) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
+def _branch_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The graph's nodes and those of every If branch in it, which are read in place."""
+    out = []
+    for node in graph.node:
+        out.append(node)
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    out += _branch_nodes(a.g)
+    return out
+
+
 def _check_supported(graph: onnx.GraphProto) -> None:
     bad: dict[str, list[str]] = {}
-    for k, node in enumerate(graph.node):
+    for k, node in enumerate(_branch_nodes(graph)):
         op = _op_key(node)
         if op not in PARSERS:
             bad.setdefault(op, []).append(node.name or f"{node.op_type}_{k}")

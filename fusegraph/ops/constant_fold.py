@@ -26,10 +26,19 @@ def foldable(ins: Instruction) -> bool:
     return ins.shape.elements <= max(FOLD_LIMIT, sum(x.shape.elements for x in ins.inputs))
 
 
+def reads_nothing(ins: Instruction) -> bool:
+    """Whether every input of `ins` is empty: its value then follows from shapes alone (a sum
+    over an empty axis is 0, a max -inf), whatever computes the inputs."""
+    return bool(ins.inputs) and getattr(ins.op, "module", None) is None and all(x.shape.elements == 0 for x in ins.inputs)
+
+
 def fold(module: Module, ins: Instruction) -> Instruction:
-    """Replace `ins` (which must be foldable) by a literal holding its value; returns the literal."""
+    """Replace `ins` (which must be foldable, or read nothing) by a literal holding its value;
+    returns the literal."""
+    args = [x.op.value if is_literal(x) else np.zeros(x.shape.lens, x.shape.dtype.numpy)  # type: ignore[attr-defined]
+            for x in ins.inputs]
     with np.errstate(all="ignore"):
-        value = ins.op.reference([x.op.value for x in ins.inputs])  # type: ignore[attr-defined]
+        value = ins.op.reference(args)
     lit = make_literal(np.asarray(value, dtype=ins.shape.dtype.numpy).reshape(ins.shape.lens), origin=ins.origin)
     module.replace(ins, lit)
     return lit

@@ -155,7 +155,8 @@ class Resize(Op):
             return offset + (o + 0.5) / scale - 0.5
         raise ValueError(f"unsupported coordinate_transformation_mode {mode!r}")
 
-    def _nearest(self, c: np.ndarray, n: int) -> np.ndarray:
+    def nearest_index(self, c: np.ndarray, n: int) -> np.ndarray:
+        """The input index a nearest resize reads at each source coordinate `c` along an axis of `n`."""
         m = self.nearest_mode
         if m == "round_prefer_floor":
             i = np.where(c - np.floor(c) == 0.5, np.floor(c), np.round(c))
@@ -177,7 +178,7 @@ class Resize(Op):
         vars_ = reshape_map(out_lens, out_lens).out_vars
         exprs: list[Expr] = []
         for axis, (n, o) in enumerate(zip(in_lens, out_lens)):
-            picks = self._nearest(self.source_coords(axis, n), n) if (o != n or self.scales[axis] != 1.0) else np.arange(n)
+            picks = self.nearest_index(self.source_coords(axis, n), n) if (o != n or self.scales[axis] != 1.0) else np.arange(n)
             if o % n == 0 and np.array_equal(picks, np.arange(o) // (o // n)):
                 exprs.append(vars_[axis] // (o // n))
             elif n == 1:
@@ -186,7 +187,8 @@ class Resize(Op):
                 return None
         return IndexMap(vars_, exprs, in_lens)
 
-    def _cubic_weights(self, t: np.ndarray) -> np.ndarray:
+    def cubic_weights(self, t: np.ndarray) -> np.ndarray:
+        """The weights of the 4 taps at floor(c) - 1 .. floor(c) + 2, for fractional parts `t`."""
         a = self.cubic_coeff_a
         d = np.stack([t + 1, t, 1 - t, 2 - t], axis=-1)
         ad = np.abs(d)
@@ -202,7 +204,7 @@ class Resize(Op):
                 continue
             c = self.source_coords(axis, n)
             if self.mode == "nearest":
-                y = np.take(y, self._nearest(c, n), axis=axis)
+                y = np.take(y, self.nearest_index(c, n), axis=axis)
                 continue
             if self.mode == "linear":
                 c = np.clip(c, 0, n - 1)
@@ -215,7 +217,7 @@ class Resize(Op):
                 y = np.take(y, i0, axis=axis) * (1 - t) + np.take(y, i1, axis=axis) * t
                 continue
             f = np.floor(c)
-            w = self._cubic_weights(c - f)
+            w = self.cubic_weights(c - f)
             idx = f.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
             if self.exclude_outside:
                 w = np.where((idx >= 0) & (idx < n), w, 0.0)

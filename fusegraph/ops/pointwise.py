@@ -332,6 +332,25 @@ class Convert(PointwiseOp):
 
 
 @register
+class BitCast(PointwiseOp):
+    """The same bits read as another element type of the same size (ONNX BitCast)."""
+
+    name = "bitcast"
+
+    def __init__(self, target: DType | str) -> None:
+        super().__init__(target=DType(target) if isinstance(target, str) else target)
+
+    def result_dtype(self, dtypes: Sequence[DType]) -> DType:
+        target = self.attrs["target"]
+        require(dtypes[0].itemsize == target.itemsize and DType.bool not in (dtypes[0], target),
+                f"cannot reinterpret {dtypes[0]} as {target}: the sizes differ or one is bool")
+        return target
+
+    def fn(self, x: np.ndarray) -> np.ndarray:
+        return x.copy().view(self.attrs["target"].numpy)  # a copy is contiguous and keeps 0-d values 0-d
+
+
+@register
 class BatchNorm(PointwiseOp):
     """Inference batch normalization on operands already broadcast to x: (x-mean)/sqrt(var+eps)*scale+bias.
 

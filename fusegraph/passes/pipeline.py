@@ -16,6 +16,7 @@ from fusegraph.ir.program import Program
 from fusegraph.ops.base import is_fused
 from fusegraph.passes.compact_literals import CompactLiterals
 from fusegraph.passes.constant_propagation import ConstantPropagation
+from fusegraph.passes.cse import CommonSubexpressions
 from fusegraph.passes.dead_code import DeadCodeElimination
 from fusegraph.passes.eliminate_concat import EliminateConcat
 from fusegraph.passes.eliminate_identity import EliminateIdentity
@@ -32,7 +33,7 @@ from fusegraph.passes.space_to_depth import SpaceToDepth
 
 
 def canonicalize_passes() -> list[Pass]:
-    return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), SimplifyViews(),
+    return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), CommonSubexpressions(), SimplifyViews(),
             FoldIntoWeights(), FoldNormAffine(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
 
 

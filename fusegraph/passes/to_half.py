@@ -8,6 +8,7 @@ type, so the kernels read and write half the bytes. Arithmetic inside kernels st
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from fusegraph.ir.dtypes import DType
@@ -30,7 +31,7 @@ class ToHalf:
                 ins.shape = ins.shape.with_dtype(self.dtype)
                 changed = True
             elif isinstance(op, Literal) and op.value.dtype == np.float32:
-                ins.op = Literal(op.value.astype(self.dtype.numpy))
+                ins.op = Literal(self.narrowed(op.value))
                 ins.shape = ins.op.compute_shape([])
                 changed = True
             elif isinstance(op, Convert) and op.attrs["target"] == DType.float32:
@@ -39,3 +40,12 @@ class ToHalf:
             if ins.inputs:
                 ins.shape = ins.op.compute_shape([x.shape for x in ins.inputs])
         return changed
+
+    def narrowed(self, value: np.ndarray) -> np.ndarray:
+        """`value` in the half type, finite values past its range clamped to its largest: an
+        exporter's "minus infinity" mask fill, -3.4e38 (float32's lowest), would otherwise
+        become -inf in float16, and the mask's `0 * fill` for a kept token NaN instead of 0.
+        Infinities and NaNs written as such stay what they are."""
+        top = float(np.finfo(self.dtype.numpy).max) if self.dtype == DType.float16 else float(ml_dtypes.finfo(self.dtype.numpy).max)
+        clamped = np.where(np.isfinite(value), np.clip(value, -top, top), value)
+        return clamped.astype(self.dtype.numpy)

@@ -66,6 +66,8 @@ GPU_INTERPRETER_EXCLUDED: dict[str, str] = {
     # in float32 and round once at the store while onnx rounds after every op of the expanded
     # graph: one of 192 outputs lands 2 bf16 ULPs away (0.4473 against 0.4551), above rtol=2**-6.
     "test_attention_4d_attn_mask_causal_bf16_expanded": "bfloat16 rounding under the interpreter: 1 of 192 outputs 2 ULPs from onnx's per-op-rounded reference (passes on the H200)",
+    # the same model read through Attention's function body: the same output (0.4473 against 0.4551)
+    "test_attention_4d_attn_mask_causal_bf16": "bfloat16 rounding under the interpreter: as its _expanded twin above (read through Attention's function body)",
     # logits 3.64e12 (float32 ULP 262144): 120 channels 1 ULP above the other 880
     "test_bvlc_alexnet": "ill-conditioned: equal logits of 3.6e12 differ by 1 float32 ULP across channels under NumPy's matmul, softmax amplifies it",
     # logits 1.19e21 (ULP 1.4e14): 496 channels 3 ULPs above the other 504 (before tap-major weights)

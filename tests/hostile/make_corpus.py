@@ -332,10 +332,10 @@ def _sub_graph() -> onnx.GraphProto:
 
 
 def _if_model() -> onnx.ModelProto:
-    cond = numpy_helper.from_array(np.array(True), "cond")
+    """An If on a run-time condition (a constant one is read as the branch it takes)."""
     node = helper.make_node("If", ["cond"], ["y"], name="if", then_branch=_sub_graph(), else_branch=_sub_graph())
-    m = model_of([node], {"x": [2, 3]}, ["y"])
-    m.graph.initializer.append(cond)
+    m = model_of([node], {"x": [2, 3], "cond": []}, ["y"])
+    m.graph.input[1].type.tensor_type.elem_type = TensorProto.BOOL
     return m
 
 
@@ -386,7 +386,7 @@ def structure_cases() -> list[tuple[str, Callable[[], onnx.ModelProto], str, str
         ("opset 99", _with(relu_model, _opset(99)), "ParseError", "opset 99"),
         ("unknown domain", _with(relu_model, _domain("org.nowhere")), "UnsupportedOpError", "org.nowhere.Relu"),
         ("custom-domain op", lambda: one_node("Frobnicate", {"x": [2]}), "UnsupportedOpError", "Frobnicate"),
-        ("If", _if_model, "UnsupportedOpError", "If"),
+        ("If on a run-time condition", _if_model, "DynamicValueError", "'if' (If)"),
         ("Loop", _loop_model, "UnsupportedOpError", "Loop"),
         ("extra input to Relu", _with(relu_model, _extra_input), "ParseError", "'relu'"),
         ("extra input to Transpose", _with(chain_model, _extra_input), "ParseError", "'transpose'"),

@@ -12,6 +12,7 @@ from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
 from fusegraph.ops.pointwise import Convert
+from fusegraph.ops.base import is_literal
 from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.to_half import ToHalf
@@ -76,3 +77,33 @@ def test_an_integer_program_is_left_as_it_is():
     assert not ToHalf().apply(p.main)
     assert str(p) == text
     assert_same_results(before, p, tolerance=0.0)
+
+
+def _masked_fill() -> Program:
+    """y = (1 - keep) * float32's lowest, as exporters write a padding mask, and a literal with
+    real infinities."""
+    p = Program()
+    m = p.main
+    keep = add_param(m, "keep", Shape.of(DType.float32, [4]))
+    fill = m.add(MultiBroadcast((4,)), [add_literal(m, np.array([np.finfo(np.float32).min], np.float32))])
+    one = m.add(MultiBroadcast((4,)), [add_literal(m, np.array([1.0], np.float32))])
+    y = m.add(make_op("mul"), [m.add(make_op("sub"), [one, keep]), fill])
+    inf = add_literal(m, np.array([np.inf, -np.inf, 1e6, -2.5], np.float32))
+    m.set_returns([y, inf], ["y", "inf"])
+    return p
+
+
+def test_a_float32_mask_fill_stays_finite_in_half():
+    """In float16 or bfloat16 the fill must stay finite, or a kept token's 0 * -inf is NaN;
+    real infinities stay infinite, finite values past the range become its largest."""
+    from fusegraph import api
+
+    for dtype, top in ((DType.float16, 65504.0), (DType.bfloat16, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max))):
+        p = _masked_fill()
+        ToHalf(dtype).apply(p.main)
+        fill, inf = [i.op.value for i in p.main if is_literal(i) and i.op.value.size in (1, 4) and i.op.value.reshape(-1)[0] != 1]
+        assert float(fill.reshape(-1)[0]) == -top
+        assert [float(v) for v in inf] == [np.inf, -np.inf, float(np.float32(min(1e6, top)).astype(dtype.numpy)), -2.5]
+        keep = np.array([1, 0, 1, 0], np.float32).astype(dtype.numpy)
+        out = api.run(p, {"keep": keep})["y"].astype(np.float64)
+        assert not np.isnan(out).any() and list(out) == [0, -top, 0, -top]

@@ -208,6 +208,23 @@ def parse_swish(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
     return binary(ctx, "mul", x, ctx.add(make_op("sigmoid"), [scaled]))
 
 
+@onnx_op("BitCast")
+def parse_bitcast(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """Same-size reinterpretation only; bool stores one byte per value, so bool <-> uint8 and
+    int8 reinterpret as a conversion (ONNX Runtime reads a nonzero byte as true)."""
+    x = ins[0]
+    assert x is not None
+    target = onnx_dtype(ctx.attr("to", 0), ctx.where)
+    source = x.shape.dtype
+    if source == target:
+        return x
+    if DType.bool in (source, target) and {source, target} <= {DType.bool, DType.uint8, DType.int8}:
+        return ctx.convert(x, target)
+    if source.itemsize != target.itemsize or DType.bool in (source, target):
+        raise ctx.error(f"reinterpreting {source} as {target} changes the element size: not supported")
+    return ctx.add(pw.BitCast(target), [x])
+
+
 @onnx_op("CastLike")
 def parse_cast_like(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x, like = ins[0], ins[1]
@@ -236,16 +253,18 @@ def parse_identity(ctx: ImportContext, ins: list[Instruction | None]) -> Instruc
 
 @onnx_op("Dropout")
 def parse_dropout(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction]:
-    """Inference mode only: the data passes through and the mask is all true. Before opset 7
-    `is_test=1` asks for inference mode; `ratio` matters only in training."""
+    """Inference mode only (or training with ratio 0, which drops nothing): the data passes
+    through and the mask is all true. Before opset 7 `is_test=1` asks for inference mode."""
     x = ins[0]
     assert x is not None
     if ctx.opset < 7 and not ctx.attr("is_test", 0):
         raise ctx.error("is_test=0 (training: drops elements at random) is not supported "
                         "(fusegraph compiles for inference; export with is_test=1)")
     training = ctx.require_const(ins[2], "training_mode") if len(ins) > 2 and ins[2] is not None else None
-    if training is not None and bool(training):
-        raise ctx.error("training_mode=true is not supported (fusegraph compiles for inference)")
+    if training is not None and bool(training) and not (
+            len(ins) > 1 and ins[1] is not None and float(ctx.require_const(ins[1], "ratio")) == 0.0):
+        raise ctx.error("training_mode=true is not supported (fusegraph compiles for inference), "
+                        "except with ratio 0, which drops nothing")
     mask = ctx.add(make_op("multibroadcast", out_lens=x.shape.lens), [ctx.literal(np.array(True))])
     return [x, mask]
 

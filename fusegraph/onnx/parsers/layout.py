@@ -287,7 +287,10 @@ def parse_constant_of_shape(ctx: ImportContext, ins: list[Instruction | None]) -
 
 @onnx_op("Range")
 def parse_range(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    start, limit, delta = (ctx.require_const(x, "Range bounds") for x in ins[:3])
+    bounds = [ctx.require_const(x, "Range bounds").reshape(-1) for x in ins[:3]]
+    if any(b.size != 1 for b in bounds):
+        raise ctx.error(f"start, limit and delta must be one value each, got {[b.tolist() for b in bounds]}")
+    start, limit, delta = (b[0] for b in bounds)
     if delta == 0:
         raise ctx.error("delta cannot be 0")
     n = max(0, math.ceil((float(limit) - float(start)) / float(delta)))

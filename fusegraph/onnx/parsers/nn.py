@@ -15,6 +15,7 @@ from fusegraph.ops import views as v
 from fusegraph.ops.base import make_op
 from fusegraph.onnx.context import ImportContext, onnx_op, prod
 from fusegraph.onnx.parsers.elementwise import binary
+from fusegraph.onnx.parsers.resample import resample
 
 
 def _window_pads(ctx: ImportContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
@@ -124,7 +125,9 @@ def parse_conv_transpose(ctx: ImportContext, ins: list[Instruction | None]) -> I
     return out
 
 
-def _pool(ctx: ImportContext, x: Instruction, mode: str) -> Instruction:
+def _pool(ctx: ImportContext, x: Instruction, mode: str, include_pad: bool | None = None) -> Instruction:
+    """Max or average pooling by the node's window attributes; `include_pad` overrides
+    count_include_pad (LpPool sums through an average that counts the padding)."""
     if x.shape.ndim < 3:
         raise ctx.error(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
     kernel = ctx.attr("kernel_shape")
@@ -141,6 +144,8 @@ def _pool(ctx: ImportContext, x: Instruction, mode: str) -> Instruction:
         count_include_pad = False
     else:
         count_include_pad = bool(ctx.attr("count_include_pad", 0))
+    if include_pad is not None:
+        count_include_pad = include_pad
     op = anchors.Pooling(mode, kernel, strides, pads, dilations, bool(ctx.attr("ceil_mode", 0)), count_include_pad)
     return ctx.add(op, [x])
 
@@ -158,6 +163,21 @@ def parse_max_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruc
 @onnx_op("AveragePool")
 def parse_average_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     return _pool(ctx, ins[0], "average")  # type: ignore[arg-type]
+
+
+@onnx_op("LpPool")
+def parse_lp_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """(sum over the window of |x|^p)^(1/p): an average pooling counting the padding, times the
+    window's size."""
+    x = ins[0]
+    assert x is not None
+    p = float(ctx.attr("p", 2))
+    if p <= 0:
+        raise ctx.error(f"p must be positive, got {p}")
+    powered = binary(ctx, "pow", ctx.add(make_op("abs"), [x]), ctx.literal(np.array(p, x.shape.dtype.numpy)))
+    mean = _pool(ctx, powered, "average", include_pad=True)
+    size = ctx.literal(np.array(math.prod(ctx.attr("kernel_shape")), x.shape.dtype.numpy))
+    return binary(ctx, "pow", binary(ctx, "mul", mean, size), ctx.literal(np.array(1 / p, x.shape.dtype.numpy)))
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")
@@ -505,7 +525,7 @@ def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
     op = movement.Resize(out, scales, mode, coord, nearest_mode,
                          ctx.attr("cubic_coeff_a", -0.75), bool(ctx.attr("exclude_outside", 0)))
     ctx.check_attr("nearest_mode", op.nearest_mode, ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
-    return ctx.add(op, [x])
+    return resample(ctx, x, op)
 
 
 @onnx_op("Pad")

@@ -17,7 +17,8 @@ from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 
 POINTER_TYPES = {DType.float32: "*fp32", DType.float16: "*fp16", DType.bfloat16: "*bf16", DType.float64: "*fp64",
                  DType.int64: "*i64", DType.int32: "*i32", DType.int16: "*i16", DType.int8: "*i8",
-                 DType.uint8: "*u8", DType.bool: "*i1"}
+                 DType.uint8: "*u8", DType.uint16: "*u16", DType.uint32: "*u32", DType.uint64: "*u64",
+                 DType.bool: "*i1"}
 
 
 # the split-k workspace and tile counters, the pixel sums' parts (float32 bits) and counters

@@ -65,7 +65,8 @@ def torch_dtype(d: DType) -> Any:
 
     return {DType.float32: torch.float32, DType.float16: torch.float16, DType.bfloat16: torch.bfloat16,
             DType.float64: torch.float64, DType.int64: torch.int64, DType.int32: torch.int32,
-            DType.int16: torch.int16, DType.int8: torch.int8, DType.uint8: torch.uint8, DType.bool: torch.bool}[d]
+            DType.int16: torch.int16, DType.int8: torch.int8, DType.uint8: torch.uint8, DType.uint16: torch.uint16,
+            DType.uint32: torch.uint32, DType.uint64: torch.uint64, DType.bool: torch.bool}[d]
 
 
 class WeightPool:

@@ -20,7 +20,8 @@ from fusegraph.targets.gpu.errors import CodegenError
 TRITON_TYPES = {
     DType.float32: "tl.float32", DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16",
     DType.float64: "tl.float64", DType.int64: "tl.int64", DType.int32: "tl.int32", DType.int16: "tl.int16",
-    DType.int8: "tl.int8", DType.uint8: "tl.uint8", DType.bool: "tl.int1",
+    DType.int8: "tl.int8", DType.uint8: "tl.uint8", DType.uint16: "tl.uint16", DType.uint32: "tl.uint32",
+    DType.uint64: "tl.uint64", DType.bool: "tl.int1",
 }
 
 
@@ -188,6 +189,17 @@ def _convert(op: Op, x: Operands) -> str:
     if x.out == DType.bool:
         return f"({x.codes[0]} != 0)"
     return f"{x.codes[0]}.to({TRITON_TYPES[compute_type(x.out)]})"
+
+
+spell("bitcast")  # the types come from the operand and the result: its one case below
+
+
+@case("bitcast")
+def _bitcast(op: Op, x: Operands) -> str:
+    """Half types are computed in fp32: back to the stored type first (exact), reinterpreted,
+    and the result widened again if it is a half type."""
+    code = f"{x.codes[0]}.to({TRITON_TYPES[x.first]}).to({TRITON_TYPES[x.out]}, bitcast=True)"
+    return code if compute_type(x.out) == x.out else f"{code}.to({TRITON_TYPES[compute_type(x.out)]})"
 
 
 @case("div")

@@ -84,6 +84,8 @@ def _module_values(module: Module, args: Mapping[Instruction, np.ndarray], param
                     outs = _evaluate(ins, [values[id(x)] for x in ins.inputs])
                 except KeyError:
                     raise RuntimeError(f"instruction {ins.op} reads a value that is not computed yet") from None
+                except IndexError as e:  # a run-time index (a token id, gather indices) out of its range
+                    raise InputError(f"node {ins.origin or ins.op.name}: {e}; check the inputs that feed it") from None
                 values[id(ins)] = outs[0]
                 further.update({(id(ins), j): v for j, v in enumerate(outs) if j})
             for x in ins.inputs:

@@ -1,14 +1,16 @@
-"""Per-element data movement for the flat template: concat, pad and gather.
+"""Per-element data movement for the flat template: concat, pad and the gathers.
 
 Each output element finds where it comes from: which concat input (a domain per input),
 which padded position (a range check, or a clamped/reflected index), which gathered row
-(an index read from the indices tensor at run time, then used as an index variable).
+(an index read from the indices tensor at run time, then used as an index variable; GatherND
+reads one such variable per indexed axis).
 """
 
 from __future__ import annotations
 
-from fusegraph.ir.index_expr import Expr
+from fusegraph.ir.index_expr import Const, Expr
 from fusegraph.ir.program import Instruction
+from fusegraph.ops.gather import GatherElements, GatherND
 from fusegraph.ops.movement import Concat, Gather, Pad
 from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile, var
@@ -87,3 +89,30 @@ def emit_gather(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> 
     g = w.value(indices, tile, tuple(index[axis:axis + q]))
     cur, v = _dynamic(w, tile, f"tl.where({g} < 0, {g} + {n}, {g}).to(tl.int32)", n)
     return w.value(data, cur, (*index[:axis], v, *index[axis + q:]))
+
+
+def _read_index(w: KernelWriter, tile: Tile, indices: Instruction, at: Index, n: int) -> tuple[Tile, Expr]:
+    """The index stored in `indices` at `at`, negatives counted from the end of an axis of `n`."""
+    g = w.value(indices, tile, at)
+    return _dynamic(w, tile, f"tl.where({g} < 0, {g} + {n}, {g}).to(tl.int32)", n)
+
+
+@emits(GatherElements)
+def emit_gather_elements(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str:
+    axis = ins.op.attrs["axis"]
+    data, indices = ins.inputs
+    cur, v = _read_index(w, tile, indices, index, data.shape.lens[axis])
+    return w.value(data, cur, (*index[:axis], v, *index[axis + 1:]))
+
+
+@emits(GatherND)
+def emit_gather_nd(w: KernelWriter, ins: Instruction, tile: Tile, index: Index) -> str:
+    b = ins.op.attrs["batch_dims"]
+    data, indices = ins.inputs
+    k = indices.shape.lens[-1]
+    q = indices.shape.ndim - 1
+    cur, picked = tile, []
+    for j in range(k):
+        cur, v = _read_index(w, cur, indices, (*index[:q], Const(j)), data.shape.lens[b + j])
+        picked.append(v)
+    return w.value(data, cur, (*index[:b], *picked, *index[q:]))
