@@ -22,7 +22,8 @@ template, its spelling there):
   score).
 * `concatenates` (concat): its inputs lie end to end along its `axis`.
 * reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
-  and finalize as target-neutral scalar ops.
+  and finalize as target-neutral scalar ops; `in_epilogue` for a reduction that an anchor's
+  epilogue computes (over runs of its output channels, or over each sample's pixels).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class OpKind(enum.Enum):
     MOVE = "move"  # data movement that is not a view: concat, gather, pad, resize
     MEMORY = "memory"  # inside fused groups only: load, store, allocate, select (see `Op.memory`)
     FUSED = "fused"  # a fused group with a sub-module
+    OUTPUT = "output"  # a further value stored by a fused group (`fused_output`), after its first
 
     @property
     def is_source(self) -> bool:
@@ -112,6 +114,7 @@ class Op:
     # reductions
     algorithm: ClassVar[str] = ""  # how the reduction template computes it: fold, softmax, layernorm, arg
     reduction: ClassVar[Reduction | None] = None  # for algorithm "fold"
+    in_epilogue: ClassVar[bool] = False  # a reduction computed inside an anchor's epilogue (segment_softmax, epilogue_sum)
 
     def __init__(self, **attrs: Any) -> None:
         self.attrs: dict[str, Any] = {k: _freeze(v) for k, v in attrs.items()}
@@ -228,6 +231,10 @@ def is_literal(ins: "Instruction") -> bool:
 
 def is_fused(ins: "Instruction") -> bool:
     return ins.op.kind == OpKind.FUSED
+
+
+def is_fused_output(ins: "Instruction") -> bool:
+    return ins.op.kind == OpKind.OUTPUT
 
 
 def is_load(ins: "Instruction") -> bool:

@@ -213,5 +213,34 @@ class Fused(Op):
         for p, s in zip(params, inputs):
             require(p.shape.lens == s.lens and p.shape.dtype == s.dtype,
                     f"parameter {p.op.attrs['name']} is {p.shape}, given {s}")
-        (ret,) = self.module.returns
-        return ret.shape
+        return self.module.returns[0].shape
+
+
+@register
+class FusedOutput(Op):
+    """The `index`-th value (1, 2, ...) that a fused group stores, read from the group's
+    instruction (input 0); the group's own value is its first (index 0). A group stores every
+    member value read outside it, each into a buffer of its own, so a value needed elsewhere
+    (a residual and its activation) does not split the group.
+
+    Like `fused` it has no `reference`: the ref target takes the value from its run of the
+    group's sub-module."""
+
+    name = "fused_output"
+    kind = OpKind.OUTPUT
+
+    def __init__(self, module: Any, index: int) -> None:
+        super().__init__(index=int(index))
+        self.group = module  # the group's sub-module (not `module`: that would list it twice)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        returns = self.group.returns
+        require(len(inputs) == 1, "a fused_output reads one fused group")
+        require(0 < self.index < len(returns), f"group {self.group.name} stores no output {self.index}")
+        return returns[self.index].shape

@@ -143,6 +143,110 @@ class Softmax(Op):
 
 
 @register
+class SegmentSoftmax(Op):
+    """Softmax (or log-softmax) over aligned runs of `length` elements along `axis`.
+
+    The form a softmax takes inside an anchor's epilogue (`passes/reduction_epilogue.py`): the
+    epilogue computes in the anchor's index space, where the softmax's axis is the channel
+    index modulo `length` (a head of 64 in a 192-wide product), so each run lies in one tile
+    of output channels and the kernel reduces it across the tile's columns."""
+
+    name = "segment_softmax"
+    kind = OpKind.REDUCE
+    algorithm = "segment_softmax"
+    in_epilogue = True
+
+    def __init__(self, axis: int, length: int, log: bool = False) -> None:
+        super().__init__(axis=int(axis), length=int(length), log=bool(log))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return (self.axis,)
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        require(0 <= self.axis < x.ndim, f"segment_softmax axis {self.axis} out of range for rank {x.ndim}")
+        require(self.length > 0 and x.lens[self.axis] % self.length == 0,
+                f"runs of {self.length} do not divide axis {self.axis} of {list(x.lens)}")
+        require(x.dtype.is_float, f"softmax needs a float input, got {x.dtype}")
+        return x.as_standard()
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0]
+        lens = list(x.shape)
+        runs = lens[:self.axis] + [lens[self.axis] // self.length, self.length] + lens[self.axis + 1:]
+        out = Softmax(self.axis + 1, self.log).reference([x.reshape(runs)])
+        return out.reshape(lens)
+
+
+@register
+class SegmentReduce(Op):
+    """A fold (sum, max, min; a mean when `finalize` is `div`) over aligned runs of `length`
+    elements along `axis`, repeated along each run: a row reduction inside an anchor's
+    epilogue in the anchor's index space, as `segment_softmax` is."""
+
+    name = "segment_reduce"
+    kind = OpKind.REDUCE
+    algorithm = "segment_reduce"
+    in_epilogue = True
+
+    def __init__(self, axis: int, length: int, combine: str, finalize: str | None = None) -> None:
+        super().__init__(axis=int(axis), length=int(length), combine=str(combine), finalize=finalize)
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return (self.axis,)
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        require(0 <= self.axis < x.ndim and self.length > 0 and x.lens[self.axis] % self.length == 0,
+                f"runs of {self.length} along axis {self.axis} do not divide {list(x.lens)}")
+        require(self.combine in _FOLDS and self.finalize in (None, "div"), f"no segment fold {self.combine}/{self.finalize}")
+        return x.as_standard()
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0]
+        lens = list(x.shape)
+        runs = x.reshape(lens[:self.axis] + [lens[self.axis] // self.length, self.length] + lens[self.axis + 1:])
+        folded = _FOLDS[self.combine](runs.astype(np.float64), axis=self.axis + 1, keepdims=True)
+        if self.finalize == "div":
+            folded = folded / self.length
+        return np.broadcast_to(folded, runs.shape).reshape(lens).astype(x.dtype)
+
+
+_FOLDS: dict[str, Callable[..., np.ndarray]] = {"add": np.sum, "max": np.max, "min": np.min}
+
+
+@register
+class EpilogueSum(Op):
+    """The sum (or mean) over `axes`, repeated along them: a reduce_sum or reduce_mean inside
+    a convolution's epilogue (`passes/reduction_epilogue.py`), in the anchor's index space,
+    where it reduces each sample's pixels per channel (the squeeze of a squeeze-and-excitation
+    block). Only stored: the kernel's programs hold parts of the pixels, so the value exists
+    once they have all added theirs."""
+
+    name = "epilogue_sum"
+    kind = OpKind.REDUCE
+    algorithm = "epilogue_sum"
+    in_epilogue = True
+
+    def __init__(self, axes: Sequence[int], mean: bool) -> None:
+        super().__init__(axes=tuple(sorted(int(a) for a in axes)), mean=bool(mean))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return tuple(self.axes)
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        require(all(0 <= a < x.ndim for a in self.axes), f"epilogue_sum axes {list(self.axes)} out of range for rank {x.ndim}")
+        require(x.dtype.is_float, f"epilogue_sum needs a float input, got {x.dtype}")
+        return x.as_standard()
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0]
+        fold = np.mean if self.mean else np.sum
+        return np.broadcast_to(fold(x.astype(np.float64), axis=self.axes, keepdims=True), x.shape).astype(x.dtype)
+
+
+@register
 class LayerNorm(Op):
     """(x - mean) / sqrt(var + eps) * scale + bias over the axes from `axis` to the end.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from fusegraph.ir.index_map import IndexMap, embed_map
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import is_allocate, is_fused, is_store
+from fusegraph.ops.base import is_allocate, is_fused, is_fused_output, is_store
 from fusegraph.ops.fused import Allocate, Fused, Store
 from fusegraph.ops.source import make_param
 from fusegraph.ops.views import Slice
@@ -41,13 +41,18 @@ def _retargetable(ins: Instruction) -> bool:
 
 
 def retarget(module: Module, fused: Instruction, buffer: Instruction, emb: IndexMap) -> Instruction:
-    """`fused` storing through `emb` into `buffer` (its new last input) instead of a fresh buffer."""
+    """`fused` storing through `emb` into `buffer` (its new last input) instead of a fresh buffer;
+    its `fused_output`s read the new instruction."""
     sub = fused.op.module
     stores, alloc = _store_chain(sub)
     sub.replace(alloc, make_param(f"x{len(fused.inputs)}", buffer.shape.as_standard()))
     for st in stores:
         sub.replace(st, sub.make(Store(emb.after(st.op.attrs["map"]), st.op.attrs["domain"]), st.inputs, st.origin))
-    return module.make(Fused(sub, fused.op.attrs["kernel"]), [*fused.inputs, buffer], fused.origin)
+    new = module.make(Fused(sub, fused.op.attrs["kernel"]), [*fused.inputs, buffer], fused.origin)
+    for ins in module.instructions:  # its further outputs are still its own buffers
+        if is_fused_output(ins) and ins.inputs[0] is fused:
+            ins.inputs = [new]
+    return new
 
 
 def _source(x: Instruction, axis: int) -> tuple[Instruction, int]:

@@ -4,7 +4,9 @@ The epilogue grows forward from the anchor through every consumer whose map from
 output is invertible (Hidet's rule): pointwise ops (their other operands are side inputs, read
 through their own view chains), bijective views (reshape, transpose, depth_to_space, ...),
 unit-step slices (a split: each branch keeps a domain, the part of the anchor's output it
-covers) and concats of branches of the same group. Each tensor of the epilogue is a list of
+covers) and concats of branches of the same group; and a softmax whose runs lie within tiles
+of the anchor's output channels, or a sum or mean over a convolution's pixels
+(`reduction_epilogue.py`). Each tensor of the epilogue is a list of
 pieces: where an anchor-output index lands in it, on which domain, with which value. The
 group's output is stored through those maps, so the kernel writes the final layout directly.
 
@@ -18,6 +20,7 @@ The same machinery serves reductions and data movement ops (`FuseReductions`,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from fusegraph.ir.index_expr import bounds
@@ -27,6 +30,7 @@ from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
 from fusegraph.passes.prologue_rule import PrologueRule
+from fusegraph.passes.reduction_epilogue import pixel_reduction, segment_fold, segment_softmax
 from fusegraph.passes.rewrite import rewrite_each
 
 
@@ -56,7 +60,7 @@ class _Epilogue:
         return False
 
     def absorb(self, ins: Instruction) -> list[Piece] | None:
-        if ins.shape.elements == 0:
+        if ins.shape.elements == 0 or any(self._only_stored(x) for x in ins.inputs):
             return None
         op = ins.op
         src = [self.pieces.get(id(x)) for x in ins.inputs]
@@ -71,6 +75,11 @@ class _Epilogue:
             return self._slice(ins, cut, src[0])
         if op.kind == OpKind.POINTWISE:
             return self._pointwise(ins, src)
+        if op.kind == OpKind.REDUCE and src[0] is not None:
+            rules = [segment_softmax, segment_fold]
+            if not any(self._only_stored(m) for m in self.members):  # one sum over the pixels per kernel
+                rules.append(pixel_reduction)
+            return next((got for rule in rules if (got := rule(self.anchor, ins, src[0], self.b)) is not None), None)
         if op.concatenates and all(s is not None for s in src):
             out: list[Piece] = []
             axis, offset = ins.op.attrs["axis"], 0
@@ -80,6 +89,11 @@ class _Epilogue:
                 offset += x.shape.lens[axis]
             return out
         return None
+
+    def _only_stored(self, x: Instruction) -> bool:
+        """Whether member `x` is a sum over the anchor's pixels, which no element of the
+        epilogue can read (its programs hold parts of the pixels)."""
+        return any(p.value.op.algorithm == "epilogue_sum" for p in self.pieces.get(id(x), []))
 
     def _slice(self, ins: Instruction, cut: tuple[tuple[int, int, int], ...], pieces: list[Piece]) -> list[Piece] | None:
         out = []
@@ -114,7 +128,7 @@ class _Epilogue:
             out.append(Piece(p.map, p.domain, self.b.add(ins.op, args, ins.origin)))
         return out
 
-    def grow(self, anchor_value: Instruction) -> tuple[Instruction, list[Piece], list[Instruction]]:
+    def grow(self, anchor_value: Instruction) -> "Grown":
         a = self.anchor
         self.pieces[id(a)] = [Piece(identity_map(a.shape.lens), (), anchor_value)]
         self.members = [a]
@@ -125,19 +139,74 @@ class _Epilogue:
             if got is not None:
                 self.pieces[id(ins)] = got
                 self.members.append(ins)
-        return self._choose_output()
+        return self._choose_outputs()
 
-    def _choose_output(self) -> tuple[Instruction, list[Piece], list[Instruction]]:
-        """The latest member whose ancestors in the group are read only inside them."""
+    def _choose_outputs(self) -> "Grown":
+        """Every member but those cut off below; the latest is the group's value and each other
+        member read outside the group (or returned) is stored too, as a further output. Where
+        a further output would feed a concat, the group keeps one output: concat elimination
+        writes a group's value into the concat's buffer, a further output would need a copy.
+
+        A view, slice or concat member read outside is cut off with everything computed from
+        it, unless it is the group's only stored value: storing it as well as a value it
+        rearranges would write the same elements twice, while left outside it reads the
+        stored value for free (a slice of merged siblings' output, a transposed copy). Where
+        no further output remains, the single-output rule chooses (a view it allows, as the
+        transpose attention reads its heads through, stays the group's value)."""
+        users = self.module.users()
+        returned = {id(r) for r in self.module.returns}
+        kept = {id(m) for m in self.members}
+
+        def read_outside(m: Instruction) -> bool:
+            return id(m) in returned or any(id(u) not in kept for u in users[m])
+
+        changed = True
+        while changed:
+            group = [m for m in self.members if id(m) in kept]
+            stored = [m for m in group if read_outside(m)]
+            cut = [m for m in stored if m.op.kind in (OpKind.VIEW, OpKind.MOVE) and m is not self.anchor
+                   and (m is not group[-1] or len(stored) > 1)]
+            changed = bool(cut)
+            for m in cut:
+                kept -= self._descendants(m)
+        group = [m for m in self.members if id(m) in kept]
+        extras = [m for m in group[:-1] if read_outside(m)]
+        if not extras:  # one stored value: the old rule's latest, which may be a view it allows
+            return self._single_output()
+        if any(u.op.concatenates for m in extras for u in users[m]):
+            return self._single_output()  # a concat part is written in place only as a group's value
+        single = self._single_output()
+        if self._prologues_compute(single, [m for m in group if read_outside(m)]):
+            return single
+        out = group[-1]
+        return Grown(out, self.pieces[id(out)], group, [(m, self.pieces[id(m)]) for m in extras])
+
+    def _prologues_compute(self, single: "Grown", stored: list[Instruction]) -> bool:
+        """Whether the one-output group `single` already gives the kernels their values: every
+        member stored beyond it is pointwise and read outside only by products that would
+        compute it in their prologue (`PrologueRule`) from `single`'s output. Storing it then
+        saves no kernel and costs a write of every element."""
+        inside = {id(m) for m in single.members}
+        beyond = [m for m in stored if id(m) not in inside]
+        if not beyond or any(m.op.kind != OpKind.POINTWISE for m in beyond):
+            return False
+        kept, through_views = {id(m) for m in self.members}, PrologueRule(self.module, self.anchor)
+        for m in beyond:
+            readers = through_views.readers(m)
+            outside = [u for u in readers or [] if id(u) not in kept]
+            if readers is None or not outside or not all(PrologueRule(self.module, u)(m) for u in outside):
+                return False
+        return True
+
+    def _single_output(self) -> "Grown":
+        """The latest member whose ancestors in the group are read only inside them, alone."""
         users = self.module.users()
         returned = {id(r) for r in self.module.returns}
         for out in reversed(self.members):
             closure = self._ancestors(out)
-            ok = all(id(m) not in returned and all(id(u) in closure for u in users[m])
-                     for m in self.members if id(m) in closure and m is not out)
-            if ok and self.pieces[id(out)]:
-                group = [m for m in self.members if id(m) in closure]
-                return out, self.pieces[id(out)], group
+            if all(id(m) not in returned and all(id(u) in closure for u in users[m])
+                   for m in self.members if id(m) in closure and m is not out):
+                return Grown(out, self.pieces[id(out)], [m for m in self.members if id(m) in closure], [])
         raise AssertionError("the anchor alone is always a valid group")
 
     def _ancestors(self, out: Instruction) -> set[int]:
@@ -149,6 +218,25 @@ class _Epilogue:
             closure.add(id(ins))
             stack.extend(ins.inputs)
         return closure
+
+    def _descendants(self, m: Instruction) -> set[int]:
+        """`m` and the members computed from it."""
+        out = {id(m)}
+        for ins in self.members:
+            if any(id(x) in out for x in ins.inputs):
+                out.add(id(ins))
+        return out
+
+
+@dataclass
+class Grown:
+    """A grown group: its value `out` (stored through `pieces`), its members in program order
+    (the anchor first) and the further outputs, each a member and its pieces."""
+
+    out: Instruction
+    pieces: list[Piece]
+    members: list[Instruction]
+    extras: list[tuple[Instruction, list[Piece]]]
 
 
 def anchor_group(module: Module, anchor: Instruction) -> tuple[Instruction, list[Instruction]]:
@@ -163,10 +251,10 @@ def anchor_group(module: Module, anchor: Instruction) -> tuple[Instruction, list
         if anchor.shape.elements == 0:
             raise Unfusable(f"empty tensor {anchor.shape}")
         value = b.add(anchor.op, [b.gather(x) for x in anchor.inputs], anchor.origin)
-        out, _, members = _Epilogue(module, anchor, b).grow(value)
+        grown = _Epilogue(module, anchor, b).grow(value)
     except Unfusable:
         return anchor, [anchor]
-    return out, members
+    return grown.out, grown.members
 
 
 def _never(ins: Instruction, at: IndexMap) -> bool:
@@ -215,9 +303,9 @@ class FuseAnchors:
             operands.append(b.gather(x))
         b.inline = _never
         value = b.add(anchor.op, operands, anchor.origin)
-        out, pieces, members = _Epilogue(module, anchor, b).grow(value)
-        fused = b.finish(out, pieces, kernel_name(b.inlined + members))
-        place(module, fused, out, members)
+        g = _Epilogue(module, anchor, b).grow(value)
+        fused = b.finish(g.out, g.pieces, kernel_name(b.inlined + g.members), g.extras)
+        place(module, fused, g.out, g.members, [m for m, _ in g.extras])
         return fused
 
 

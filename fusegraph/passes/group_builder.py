@@ -15,7 +15,7 @@ from fusegraph.ir.index_map import IndexMap, identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import Op, OpKind, is_fused
 from fusegraph.ops.base import input_map_of as view_input_map
-from fusegraph.ops.fused import Allocate, Domain, Fused, Load, Select, Store
+from fusegraph.ops.fused import Allocate, Domain, Fused, FusedOutput, Load, Select, Store
 from fusegraph.ops.source import add_param
 from fusegraph.passes.dead_code import DeadCodeElimination
 
@@ -113,15 +113,21 @@ class GroupBuilder:
             return values[0]
         return self.add(Select(m.out_vars, domains[:-1]), values, concat.origin)
 
-    def finish(self, out: Instruction, pieces: Sequence[Piece], kernel: str) -> Instruction:
-        """Store the pieces into a fresh buffer of `out`'s shape; return the (unplaced) fused instruction."""
-        buf = self.add(Allocate(out.shape.dtype, out.shape.lens), [])
-        for p in pieces:
-            buf = self.add(Store(p.map, p.domain), [buf, p.value], out.origin)
-        self.sub.set_returns([buf], ["out"])
+    def finish(self, out: Instruction, pieces: Sequence[Piece], kernel: str,
+               extras: Sequence[tuple[Instruction, Sequence[Piece]]] = ()) -> Instruction:
+        """Store the pieces into a fresh buffer of `out`'s shape, and each extra output's pieces
+        into one of its own; return the (unplaced) fused instruction, whose value is `out`'s."""
+        bufs = [self._stored(v, ps) for v, ps in [(out, pieces), *extras]]
+        self.sub.set_returns(bufs, ["out"] + [f"out{k}" for k in range(1, len(bufs))])
         DeadCodeElimination().apply(self.sub)
         self._drop_unread_params()
-        return Instruction(Fused(self.sub, kernel), self.inputs, buf.shape, out.origin)
+        return Instruction(Fused(self.sub, kernel), self.inputs, bufs[0].shape, out.origin)
+
+    def _stored(self, value: Instruction, pieces: Sequence[Piece]) -> Instruction:
+        buf = self.add(Allocate(value.shape.dtype, value.shape.lens), [])
+        for p in pieces:
+            buf = self.add(Store(p.map, p.domain), [buf, p.value], value.origin)
+        return buf
 
     def _drop_unread_params(self) -> None:
         """Forget inputs only tentatively read (by epilogue members that were not kept)."""
@@ -148,13 +154,22 @@ def kernel_name(members: Sequence[Instruction]) -> str:
     return "_".join(seen) or "copy"
 
 
-def place(module: Module, fused: Instruction, output: Instruction, members: Sequence[Instruction]) -> None:
-    """Put `fused` where `output` was, make `output`'s readers read it, and drop the members."""
+def place(module: Module, fused: Instruction, output: Instruction, members: Sequence[Instruction],
+          extras: Sequence[Instruction] = ()) -> None:
+    """Put `fused` where `output` was, make `output`'s readers read it and each of `extras`'
+    readers its `fused_output`, and drop the members. With extras the module is sorted again:
+    a reader of an extra output may come before `output`."""
     fused.module = module
     module.insert_before(output, fused)
     module.replace_uses(output, fused)
+    for k, extra in enumerate(extras, start=1):
+        selector = module.make(FusedOutput(fused.op.module, k), [fused], extra.origin)
+        module.insert_before(output, selector)
+        module.replace_uses(extra, selector)
     gone = {id(m) for m in members}
     module.instructions = [i for i in module.instructions if id(i) not in gone or i is fused]
+    if extras:
+        module.sort()
 
 
 def group_name(module: Module) -> str:

@@ -81,7 +81,7 @@ def _instruction(entry: dict[str, Any], built: list[Instruction], tensors: dict[
             value = value.view(shape.dtype.numpy)
         return make_literal(value.reshape(shape.lens), origin=entry["origin"])
     cls = REGISTRY.get(name)
-    if cls is None or cls.kind not in _REBUILT_KINDS:
+    if cls is None or cls.kind not in _REBUILT_KINDS or cls.in_epilogue:  # those exist inside fused groups only
         raise SavedProgramError(f"{where}: unknown op {name!r} (this fusegraph has no such unfused op)")
     attrs = {a: _value_from_json(v) for a, v in entry["attrs"].items()}
     if attrs and cls.__init__ is Op.__init__:  # the base constructor would keep any name it is given

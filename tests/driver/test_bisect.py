@@ -30,12 +30,15 @@ def _save(tmp_path: Path, model: onnx.ModelProto) -> tuple[str, str, np.ndarray]
 
 
 def _conv_add_transpose_relu() -> onnx.ModelProto:
-    """Two kernels: conv+add (its value is an output, so it is stored) and transpose+relu."""
+    """Two kernels: conv+add (an output) and transpose+relu, the relu a kernel of its own because
+    it reads the transposed sum through a broadcast to batch 2, which no epilogue absorbs."""
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv_0", pads=[1, 1, 1, 1]),
              helper.make_node("Add", ["c", "x"], ["a"], name="add_1"),
              helper.make_node("Transpose", ["a"], ["t"], name="transpose_2", perm=[0, 2, 3, 1]),
-             helper.make_node("Relu", ["t"], ["y"], name="relu_3")]
-    return make_model(nodes, {"x": X}, ["y", "a"], {"w": rand(4, 4, 3, 3, seed=3, scale=0.3)})
+             helper.make_node("Expand", ["t", "batch2"], ["e"], name="expand_3"),
+             helper.make_node("Relu", ["e"], ["y"], name="relu_3")]
+    return make_model(nodes, {"x": X}, ["y", "a"], {"w": rand(4, 4, 3, 3, seed=3, scale=0.3),
+                                                     "batch2": np.array([2, 1, 1, 1], np.int64)})
 
 
 def _step_lines(out: str) -> list[str]:
@@ -49,7 +52,7 @@ def test_every_instruction_agrees(tmp_path, capsys):
     steps = _step_lines(out)
     assert len(steps) == 2
     assert steps[0].startswith("  @2 kernel k0_conv_add: conv_add: [1, 4, 6, 6] ") and steps[0].endswith("PASS")
-    assert steps[1].startswith("  @3 kernel k1_relu: relu: [1, 6, 6, 4] ") and steps[1].endswith("PASS")
+    assert steps[1].startswith("  @3 kernel k1_relu: relu: [2, 6, 6, 4] ") and steps[1].endswith("PASS")
     assert out.rstrip().endswith("all 2 fused instructions agree with the ref target")
 
 
@@ -133,7 +136,8 @@ def test_instruction_values_keep_every_value_and_agree_with_a_run():
     for name, ret in zip(program.main.return_names, program.main.returns):
         np.testing.assert_array_equal(values[id(ret)], outputs[name])
     a = outputs["a"].astype(np.float64)
-    np.testing.assert_allclose(outputs["y"], np.maximum(np.transpose(a, (0, 2, 3, 1)), 0), rtol=1e-6)
+    want = np.broadcast_to(np.maximum(np.transpose(a, (0, 2, 3, 1)), 0), outputs["y"].shape)
+    np.testing.assert_allclose(outputs["y"], want, rtol=1e-6)
 
 
 def test_bisect_needs_the_gpu_target(capsys):

@@ -34,14 +34,14 @@ def _store_maps(fused: Instruction) -> list[str]:
 
 
 def conv_epilogue() -> Program:
-    """reduce_sum(transpose(relu(conv(x) + b))) over channels."""
+    """reduce_sum(transpose(relu(conv(x) + b))) over image columns (a reduction no epilogue takes)."""
     p = Program()
     m = p.main
     x = add_param(m, "x", Shape.of(DType.float32, [1, 2, 4, 4]))
     c = _conv(m, x, 3)
     r = m.add(make_op("relu"), [m.add(make_op("add"), [c, _bias(m, c.shape.lens)])])
     t = m.add(Transpose([0, 2, 3, 1]), [r])
-    m.set_returns([m.add(make_op("reduce_sum", axes=[3]), [t])], ["y"])
+    m.set_returns([m.add(make_op("reduce_sum", axes=[2]), [t])], ["y"])
     return p
 
 
@@ -60,23 +60,27 @@ def test_a_conv_takes_its_pointwise_and_transpose_epilogue():
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 
-def test_an_epilogue_stops_at_a_value_computed_from_the_anchor_elsewhere():
-    """relu(c) + broadcast(reduce_sum(c)): the add would read a value that needs the anchor's
-    whole output first, and the anchor is read outside the group, so the conv fuses alone."""
+def test_an_anchor_read_elsewhere_is_a_further_output_of_its_group():
+    """relu(c) + broadcast(reduce_sum(c) over image rows): the add would read a value that
+    needs the anchor's whole output first, so the epilogue stops at the relu; the anchor, also
+    read by the reduction, is the group's second stored value."""
     def build() -> Program:
         p = Program()
         m = p.main
         x = add_param(m, "x", Shape.of(DType.float32, [1, 2, 3, 3]))
         c = _conv(m, x, 3)
         r = m.add(make_op("relu"), [c])
-        s = m.add(MultiBroadcast(c.shape.lens), [m.add(make_op("reduce_sum", axes=[1]), [c])])
+        s = m.add(MultiBroadcast(c.shape.lens), [m.add(make_op("reduce_sum", axes=[2]), [c])])
         m.set_returns([m.add(make_op("add"), [r, s])], ["y"])
         return p
 
     before, after = build(), build()
     assert FuseAnchors().apply(after.main)
-    assert op_names(after.main) == ["@param", "@literal", "fused", "relu", "reduce_sum", "multibroadcast", "add"]
-    assert after.main.instructions[2].op.attrs["kernel"] == "conv"
+    assert op_names(after.main) == ["@param", "@literal", "fused", "fused_output", "reduce_sum", "multibroadcast", "add"]
+    assert printed(after.main)[3:5] == [
+        "@2 = conv_relu[module=fused0](@0,@1) -> float_type, {1, 3, 3, 3}, {27, 9, 3, 1}",
+        "@3 = fused_output[index=1](@2) -> float_type, {1, 3, 3, 3}, {27, 9, 3, 1}"]
+    assert printed(after.main)[5] == "@4 = reduce_sum[axes={2}](@3) -> float_type, {1, 3, 1, 3}, {9, 3, 3, 1}"
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 

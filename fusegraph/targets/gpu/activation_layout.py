@@ -31,9 +31,10 @@ def choose_activation_layouts(main: Module, plan: MemoryPlan) -> None:
     for ins in main:
         if not is_fused(ins) or not _is_conv2d(find_anchor(ins)):
             continue
-        for k, x in enumerate([ins, *ins.inputs]):
-            b = plan.of.get(id(x))
-            if b is not None and b.kind == BufferKind.ARENA and b.shape.ndim == 4 and _channels_on_axis_1(ins, k - 1):
+        touched = [(plan.of.get(id(x)), k - 1) for k, x in enumerate([ins, *ins.inputs])]
+        touched += [(b, -1) for b in plan.further.get(id(ins), [])]
+        for b, k in touched:
+            if b is not None and b.kind == BufferKind.ARENA and b.shape.ndim == 4 and _channels_on_axis_1(ins, k):
                 wanted.add(b.id)
     values: dict[int, list[Instruction]] = {}
     for ins in main:

@@ -21,7 +21,8 @@ POINTER_TYPES = {DType.float32: "*fp32", DType.float16: "*fp16", DType.bfloat16:
                  DType.bool: "*i1"}
 
 
-SCRATCH_TYPES = {"ws": DType.float32, "cnt": DType.int32}  # the split-k workspace and tile counters
+# the split-k workspace and tile counters, the pixel sums' parts (float32 bits) and counters
+SCRATCH_TYPES = {"ws": DType.float32, "cnt": DType.int32, "part": DType.float32, "pcnt": DType.int32}
 
 
 def arg_dtypes(fused: Any, src: KernelSource) -> list[DType]:
@@ -30,6 +31,8 @@ def arg_dtypes(fused: Any, src: KernelSource) -> list[DType]:
     for a in src.args:
         if a == "out":
             out.append(fused.shape.dtype)
+        elif a.startswith("out"):  # a further output
+            out.append(fused.op.module.returns[int(a[3:])].shape.dtype)
         elif a in SCRATCH_TYPES:
             out.append(SCRATCH_TYPES[a])
         else:

@@ -51,9 +51,8 @@ def _view_addresses(shape: Shape) -> np.ndarray:
 
 def _written_addresses(fused: Instruction, dest: Shape) -> np.ndarray:
     """Element offsets, in the destination buffer, of every store of the fused sub-module."""
-    (ret,) = fused.op.module.returns
     out = []
-    store = ret
+    store = fused.op.module.returns[0]  # the further outputs have buffers of their own
     while is_store(store):
         m = store.op.attrs["map"]
         grids = np.indices(m.out_lens, dtype=np.int64) if m.out_lens else np.zeros((0,), np.int64)

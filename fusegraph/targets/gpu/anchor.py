@@ -12,11 +12,12 @@ from fusegraph.targets.gpu.errors import CodegenError
 
 
 def find_anchor(fused: Instruction) -> Instruction | None:
-    """The one op of the group that is not pointwise, load, store or allocation; a product's
-    prologue may also hold normalizations, which the product's template computes."""
+    """The one op of the group that is not pointwise, load, store, allocation or a reduction
+    within the anchor's tile; a product's prologue may also hold normalizations, which the
+    product's template computes."""
     anchors = []
     for ins in fused.op.module:
-        if ins.op.kind in (OpKind.PARAM, OpKind.MEMORY, OpKind.POINTWISE):
+        if ins.op.kind in (OpKind.PARAM, OpKind.MEMORY, OpKind.POINTWISE) or ins.op.in_epilogue:
             continue
         if not ins.op.family:
             raise CodegenError(f"kernel {fused.op.attrs['kernel']}: the GPU target has no template for op {ins.op.name}")

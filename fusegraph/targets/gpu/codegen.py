@@ -21,7 +21,7 @@ from fusegraph.targets.gpu.activation_layout import choose_activation_layouts
 from fusegraph.targets.gpu.anchor import find_anchor
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import CodegenError, KernelInputs
-from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, plan_memory, stored_buffer_input
+from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, plan_memory, stored_buffer_input, strided_shape
 from fusegraph.targets.gpu.templates import attention, depthwise, gemm, movement, reduction, window  # noqa: F401  (they register what they lower)
 from fusegraph.targets.gpu.templates.flat import flat_kernel
 from fusegraph.targets.gpu.templates.registry import template_for
@@ -86,7 +86,8 @@ def kernel_inputs(fused: Instruction, plan: MemoryPlan) -> KernelInputs:
             if value is not None:
                 constants[k] = value
     out = physical_shape(fused, plan) if stored_buffer_input(fused) is None else None
-    return KernelInputs(shapes, names, out, constants)
+    further = [strided_shape(b.shape, b.perm) for b in plan.further.get(id(fused), [])]
+    return KernelInputs(shapes, names, out, constants, further)
 
 
 def _uniform_value(values: np.ndarray) -> float | None:

@@ -22,6 +22,7 @@ from fusegraph.ir.shape import Shape
 from fusegraph.ops.base import is_fused
 from fusegraph.targets.gpu.memory_plan import Buffer, MemoryPlan, stored_buffer_input
 from fusegraph.targets.gpu.templates.gemm_emit import workspace_elements
+from fusegraph.targets.gpu.templates.gemm_reduce import pixel_sum_workspace
 from fusegraph.targets.gpu.parallel_compile import compile_all
 from fusegraph.targets.gpu.returned_views import copy_returned_views
 
@@ -90,12 +91,16 @@ def _plan_scratch(plan: MemoryPlan, sources: list[KernelSource]) -> None:
     need = [workspace_elements(src, c) for src in sources for c in src.configs]
     plan.add_scratch("ws", Shape.of(DType.float32, [max([1] + [n for n, _ in need])]))
     plan.add_scratch("cnt", Shape.of(DType.int32, [max([1] + [t for _, t in need])]))
+    sums = [pixel_sum_workspace(src, c) for src in sources if src.pixel_sums for c in src.configs]
+    if sums:  # the parts and counters of sums over pixels (templates/gemm_reduce.py)
+        plan.add_scratch("part", Shape.of(DType.float32, [max(n for n, _ in sums)]))
+        plan.add_scratch("pcnt", Shape.of(DType.int32, [max(t for _, t in sums)]))
 
 
 def _kernels(fused: list[Instruction], sources: list[KernelSource], plan: MemoryPlan, interpret: bool,
              progress: Callable[[str, int, int], None] | None) -> list[Kernel]:
     """One loaded kernel per fused instruction, its arguments resolved to buffers of the plan:
-    "out" is the instruction's own buffer, a planned scratch buffer's name that buffer, "x<n>"
+    "out" is the instruction's own buffer, "out<k>" its k-th further output's, a planned scratch buffer's name that buffer, "x<n>"
     the buffer of the instruction's n-th input (codegen.kernel_inputs names them so)."""
     kernels: list[Kernel] = []
     for pos, (ins, src) in enumerate(zip(fused, sources)):
@@ -112,6 +117,8 @@ def _kernels(fused: list[Instruction], sources: list[KernelSource], plan: Memory
 def _arg_buffer(arg: str, ins: Instruction, plan: MemoryPlan) -> Buffer:
     if arg == "out":
         return plan.of[id(ins)]
+    if arg.startswith("out") and arg[3:].isdigit():  # a further output (fused_output)
+        return plan.further[id(ins)][int(arg[3:]) - 1]
     if arg in plan.scratch:
         return plan.scratch[arg]
     if arg.startswith("x") and arg[1:].isdigit():

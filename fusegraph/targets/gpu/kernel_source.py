@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 LIBDEVICE = {
     False: "from triton.language.extra import libdevice",
@@ -46,6 +47,7 @@ class KernelSource:
     flops: int = 0
     interpret: bool = False
     default_tune: int = 0  # candidates the default tune times; 0: DEFAULT_TUNE_CONFIGS
+    pixel_sums: Any = None  # a GEMM's sums over its pixels (templates/gemm_reduce.PixelSums), for their scratch
 
     @property
     def source(self) -> str:

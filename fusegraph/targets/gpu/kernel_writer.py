@@ -40,12 +40,14 @@ class KernelInputs:
     output buffer (None: its standard layout). `constants` holds the value of each input that
     is a floating-point literal with one value (a scale, an exponent, or one broadcast by
     constant folding): the kernel writes it as a number instead of loading it in every lane.
+    `further` addresses the buffers of the group's further outputs (`out1`, `out2`, ...).
     """
 
     shapes: list[Shape]
     names: list[str]
     out: Shape | None = None
     constants: dict[int, float] = field(default_factory=dict)
+    further: list[Shape] = field(default_factory=list)
 
 
 @dataclass
@@ -144,18 +146,26 @@ class KernelWriter:
         self.inputs = inputs
         self.args = {id(p): (n, s) for p, n, s in zip(self.params, inputs.names, inputs.shapes)}
         self.out_shape: Shape | None = None
+        # each fresh buffer the group stores into: its argument name and standard shape
+        self.outputs = {id(KernelWriter.root_buffer(r)): (f"out{k}" if k else "out", r.shape)
+                        for k, r in enumerate(module.returns)}
+        self.further_used: set[str] = set()
         self.lines: list[str] = []
         self.indent = 1
         self.count = 0
         # values the template computes itself (an anchor's accumulator), by instruction
         self.anchor_values = anchor_values or {}
         self.raw_loads: set[int] = set()  # loads that keep their storage type (matrix operands)
+        # the template's code for a reduction inside its epilogue (`in_epilogue` ops), if it has one
+        self.tile_reduction: Callable[[Instruction, Tile, Index, tuple[str, ...]], str] | None = None
         self.constant_of: dict[str, float] = {}  # emitted names of inlined constants -> value
 
     # -- plumbing ----------------------------------------------------------------------
     def arg_list(self) -> list[str]:
-        """The kernel's pointer arguments: one per input buffer, then `out` if it has one."""
-        return _dedupe(list(self.inputs.names)) + (["out"] if self.out_shape is not None else [])
+        """The kernel's pointer arguments: one per input buffer, then `out` if it has one, then
+        the further outputs' `out1`, `out2`, ..."""
+        further = [f"out{k}" for k in range(1, len(self.module.returns)) if f"out{k}" in self.further_used]
+        return _dedupe(list(self.inputs.names)) + (["out"] if self.out_shape is not None else []) + further
 
     def fresh(self, base: str = "v") -> str:
         self.count += 1
@@ -184,6 +194,10 @@ class KernelWriter:
         if is_param(ins):
             return self.args[id(ins)]
         if is_allocate(ins):
+            name, shape = self.outputs[id(ins)]
+            if name != "out":
+                self.further_used.add(name)
+                return name, self.inputs.further[int(name[3:]) - 1] if self.inputs.further else shape
             self.out_shape = self.inputs.out or ins.shape
             return "out", self.out_shape
         raise CodegenError(f"cannot address {ins.op.name} as a buffer")
@@ -202,6 +216,8 @@ class KernelWriter:
             code = self._pointwise(ins, tile, index, mask)
         elif is_select(ins):
             code = self._select(ins, tile, index, mask)
+        elif ins.op.in_epilogue and self.tile_reduction is not None:
+            code = self.tile_reduction(ins, tile, index, mask)
         else:
             raise CodegenError(f"no GPU code for {ins.op.name} inside fused module {self.module.name}")
         tile.memo[key] = code

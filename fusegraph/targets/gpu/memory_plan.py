@@ -17,7 +17,7 @@ from enum import StrEnum
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.shape import Shape, standard_strides
-from fusegraph.ops.base import OpKind, is_allocate, is_fused, is_literal, is_param, is_store
+from fusegraph.ops.base import OpKind, is_allocate, is_fused, is_fused_output, is_literal, is_param, is_store
 from fusegraph.ops.views import view_strides
 from fusegraph.targets.gpu.errors import CodegenError
 
@@ -66,6 +66,7 @@ class MemoryPlan:
     lower_bound: int = 0
     output_bytes: int = 0
     scratch: dict[str, Buffer] = field(default_factory=dict)  # kernel argument name -> its scratch buffer
+    further: dict[int, list[Buffer]] = field(default_factory=dict)  # fused id -> buffers of its outputs 1, 2, ... (fused_output)
 
     def add_scratch(self, name: str, shape: Shape) -> Buffer:
         """A scratch buffer that kernels name `name` in their arguments, with an id of its own."""
@@ -85,8 +86,7 @@ class MemoryPlan:
 
 def stored_buffer_input(fused: Instruction) -> int | None:
     """Which input of `fused` its stores write into (concat elimination), or None for a fresh one."""
-    (ret,) = fused.op.module.returns
-    root = ret
+    root = fused.op.module.returns[0]
     while is_store(root):
         root = root.inputs[0]
     if is_allocate(root):
@@ -98,6 +98,7 @@ def stored_buffer_input(fused: Instruction) -> int | None:
 def plan_memory(main: Module) -> MemoryPlan:
     buffers: list[Buffer] = []
     of: dict[int, Buffer] = {}
+    further: dict[int, list[Buffer]] = {}
     outputs = {id(r) for r in main.returns}
 
     def new(ins: Instruction, kind: BufferKind, pos: int, name: str = "") -> Buffer:
@@ -117,6 +118,10 @@ def plan_memory(main: Module) -> MemoryPlan:
         elif is_fused(ins):
             k = stored_buffer_input(ins)
             of[id(ins)] = new(ins, BufferKind.ARENA, pos) if k is None else of[id(ins.inputs[k])]
+            # its further outputs, written by its kernel: live from here on (read or not)
+            further[id(ins)] = [new(r, BufferKind.ARENA, pos) for r in ins.op.module.returns[1:]]
+        elif is_fused_output(ins):
+            of[id(ins)] = further[id(ins.inputs[0])][ins.op.attrs["index"] - 1]
         else:
             raise CodegenError(f"instruction {ins.name} ({ins.op.name}) was left unfused; "
                                "the GPU target runs fused kernels only")
@@ -131,7 +136,7 @@ def plan_memory(main: Module) -> MemoryPlan:
         if b.kind == BufferKind.ARENA:
             b.kind = BufferKind.OUTPUT
         b.end = end
-    plan = MemoryPlan(buffers, of)
+    plan = MemoryPlan(buffers, of, further=further)
     _place(plan, [b for b in buffers if b.kind == BufferKind.ARENA])
     plan.output_bytes = sum(b.nbytes for b in buffers if b.kind == BufferKind.OUTPUT)
     return plan

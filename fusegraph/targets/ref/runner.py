@@ -15,7 +15,7 @@ from fusegraph.errors import InputError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module, Program
 from fusegraph.ir.shape import Shape
-from fusegraph.ops.base import is_fused, is_param
+from fusegraph.ops.base import is_fused, is_fused_output, is_param
 from fusegraph.passes.to_half import ToHalf
 
 
@@ -70,19 +70,24 @@ def _module_values(module: Module, args: Mapping[Instruction, np.ndarray], param
             last_use[id(x)] = k
     keep = {id(r) for r in module.returns}
     values: dict[int, np.ndarray] = {}
+    further: dict[tuple[int, int], np.ndarray] = {}  # (group, k) -> a group's k-th stored value
     with np.errstate(all="ignore"):
         for k, ins in enumerate(module.instructions):
             if ins in args:
                 values[id(ins)] = args[ins]
             elif is_param(ins):
                 values[id(ins)] = params[ins.op.attrs["name"]]
+            elif is_fused_output(ins):
+                values[id(ins)] = further.pop((id(ins.inputs[0]), ins.op.attrs["index"]))
             else:
                 try:
-                    values[id(ins)] = _evaluate(ins, [values[id(x)] for x in ins.inputs])
+                    outs = _evaluate(ins, [values[id(x)] for x in ins.inputs])
                 except KeyError:
                     raise RuntimeError(f"instruction {ins.op} reads a value that is not computed yet") from None
                 except IndexError as e:  # a run-time index (a token id, gather indices) out of its range
                     raise InputError(f"node {ins.origin or ins.op.name}: {e}; check the inputs that feed it") from None
+                values[id(ins)] = outs[0]
+                further.update({(id(ins), j): v for j, v in enumerate(outs) if j})
             for x in ins.inputs:
                 if free and last_use.get(id(x)) == k and id(x) not in keep:
                     values.pop(id(x), None)
@@ -95,14 +100,13 @@ def instruction_values(program: Program, inputs: Mapping[str, Any]) -> dict[int,
     return _module_values(program.main, {}, check_inputs(program.input_shapes, inputs), free=False)
 
 
-def _evaluate(ins: Instruction, args: list[np.ndarray]) -> np.ndarray:
-    """One instruction's value: a fused group runs its sub-module on its inputs, any other op its
-    own NumPy reference."""
+def _evaluate(ins: Instruction, args: list[np.ndarray]) -> list[np.ndarray]:
+    """One instruction's values: a fused group runs its sub-module on its inputs (every value it
+    stores, its own first), any other op its own NumPy reference."""
     if is_fused(ins):
         sub = ins.op.module  # type: ignore[attr-defined]
-        (out,) = run_module(sub, args=dict(zip(sub.params.values(), args)))
-        return out
-    return ins.op.reference(args)
+        return run_module(sub, args=dict(zip(sub.params.values(), args)))
+    return [ins.op.reference(args)]
 
 
 def run_program(program: Program, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:

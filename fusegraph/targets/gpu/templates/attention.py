@@ -115,8 +115,9 @@ class AttentionEmitter:
                 self._key_tile(q, causal, scale, edge)
         w.emit("l_i = tl.where(l_i == 0.0, 1.0, l_i)")  # a row that sees no key: zeros, as the reference
         self.out = w.let("acc / l_i[:, None]", "o")
-        (ret,) = self.module.returns
-        w.store(ret, self.tile({"rm": "[:, None]", "re": "[None, :]"}), self.out_index)
+        tile = self.tile({"rm": "[:, None]", "re": "[None, :]"})
+        for ret in self.module.returns:  # the group's value, then its further outputs
+            w.store(ret, tile, self.out_index)
 
     def _key_ranges(self, causal: bool) -> list[tuple[str, str, bool]]:
         """The key loops: (start, end, whether its tiles need the causal or tail test). Causal:

@@ -12,7 +12,9 @@ channels, and the taps' overlapping input tiles come from the L1 cache.
 
 The input is read through the kernel writer at the tap's index (`o * stride - pad + k *
 dilation`, zero outside the image), so views and pointwise prologues work as they do for the
-GEMM template, and the accumulator goes through the group's epilogue and stores.
+GEMM template, and the accumulator goes through the group's epilogue and stores. A sum over
+each sample's pixels in the epilogue (the squeeze of an SE block after a depthwise conv +
+SiLU) is added per pixel block and combined as the GEMM template does (`gemm_reduce.py`).
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from fusegraph.ops.base import is_load
 from fusegraph.targets.gpu.device import current_device
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelInputs, KernelWriter, Tile, var
+from fusegraph.targets.gpu.templates.gemm_reduce import PixelSums, TileNames, emit_pixel_sums, pixel_sum_returns
 from fusegraph.targets.gpu.templates.registry import lowers
 
 MAX_UNROLLED_TAPS = 64  # windows up to 8x8 unroll their taps; larger ones loop
 TILE_ELEMENTS = (512, 1024, 2048, 4096)  # outputs per program of the candidates
 MIN_PIXELS = 16  # the narrowest pixel block
 WIDEST_CHANNELS = 64  # 128 bytes of fp16 channels: a warp's row of coalesced 16-byte copies
+DEPTHWISE_TILE = TileNames("rp", "rc", "BP", "BC", "tl.program_id(0)", "tl.program_id(1)", ())
 
 
 @dataclass
@@ -81,11 +85,21 @@ class DepthwiseEmitter:
         self.w = KernelWriter(module, inputs, {id(anchor): self._acc_value})
         self.x_in, self.w_in = anchor.inputs
         self.bounds = {"rp": f"(rp[:, None] < {spec.pixels})", "rc": f"(rc[None, :] < {spec.channels})"}
+        self.sums = pixel_sum_returns(module)  # an SE block's squeeze: sums over each sample's pixels
+        self.pixel_sums = (PixelSums(spec.pixels, math.prod(anchor.shape.lens[2:]), spec.channels, DEPTHWISE_TILE)
+                           if self.sums else None)
+        self.sum_codes: dict[int, str] = {}
+        self.w.tile_reduction = self._pixel_sum
 
     def _acc_value(self, tile: Tile, index: Index) -> str:
         if index != self.spec.out_index:
             raise CodegenError(f"the epilogue of {self.kernel} reads the {self.anchor.op.name} at another index")
         return "acc"
+
+    def _pixel_sum(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
+        if id(tile) not in self.sum_codes:
+            raise CodegenError(f"the epilogue of {self.kernel} reads a sum over its pixels, which it only stores")
+        return self.sum_codes[id(tile)]
 
     def body(self) -> list[str]:
         w, spec = self.w, self.spec
@@ -95,9 +109,12 @@ class DepthwiseEmitter:
         loop = "tl.static_range" if spec.taps <= MAX_UNROLLED_TAPS else "range"
         with w.block(f"for tap in {loop}({spec.taps}):"):
             w.emit(f"acc += {self._input_tile()} * {self._weights()}")
-        (ret,) = self.module.returns
         te = Tile({"rp": "rp[:, None]", "rc": "rc[None, :]"}, dict(self.bounds))
-        w.store(ret, te, spec.out_index)
+        for ret in self.module.returns:  # the group's value, then its further outputs
+            if ret not in self.sums:
+                w.store(ret, te, spec.out_index)
+        for ret in self.sums:
+            emit_pixel_sums(w, ret, te, spec.out_index, self.pixel_sums, self.sum_codes)
         return w.lines
 
     def _input_tile(self) -> str:
@@ -172,9 +189,9 @@ def depthwise_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     spec = depthwise_spec(anchor)
     emitter = DepthwiseEmitter(module, inputs, anchor, spec, kernel)
     lines = emitter.body()
-    args = emitter.w.arg_list()
+    args = emitter.w.arg_list() + (["part", "pcnt"] if emitter.pixel_sums else [])
     body = signature(name, args, ["BP", "BC"]) + "\n" + "\n".join(lines) + "\n"
     configs = depthwise_configs(spec.pixels, spec.channels)
     return KernelSource(name, kernel, "depthwise", body, args, configs,
                         [(spec.pixels, "BP", None), (spec.channels, "BC", None)],
-                        flops=2 * spec.pixels * spec.channels * spec.taps)
+                        flops=2 * spec.pixels * spec.channels * spec.taps, pixel_sums=emitter.pixel_sums)

@@ -25,7 +25,7 @@ from fusegraph.targets.gpu.templates.registry import Emitter, emitter_for, lower
 
 def flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs,
                 anchor: Instruction | None = None, emitter: Emitter | None = None) -> KernelSource:
-    (ret,) = module.returns
+    ret = module.returns[0]  # the further outputs are stored over the same space
     space = _space(ret)
     total = math.prod(space)
     xo = var("xo", total)
@@ -38,7 +38,8 @@ def flat_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs,
     index = tuple(walked[order.index(d)] for d in range(len(space)))
     tile = Tile({"xo": "xo"}, {"xo": f"(xo < {total})" if total > 1 else None})
     w.emit("xo = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)")
-    w.store(ret, tile, index)
+    for r in module.returns:
+        w.store(r, tile, index)
     args = w.arg_list()
     body = signature(name, args, ["XBLOCK"]) + "\n" + "\n".join(w.lines) + "\n"
     block = min(1024, max(16, 1 << (max(1, total) - 1).bit_length()))

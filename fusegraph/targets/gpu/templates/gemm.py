@@ -13,6 +13,7 @@ from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import KernelInputs
 from fusegraph.targets.gpu.templates.gemm_configs import gemm_configs
 from fusegraph.targets.gpu.templates.gemm_emit import GemmEmitter
+from fusegraph.targets.gpu.templates.gemm_reduce import run_length
 from fusegraph.targets.gpu.templates.gemm_spec import channel_period, gemm_spec, split_by_period
 from fusegraph.targets.gpu.templates.registry import lowers
 
@@ -22,17 +23,20 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
                 allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
     """The kernel of fused group `module` around product anchor `anchor`."""
     spec = gemm_spec(anchor)
-    period = channel_period(module, anchor, spec)
+    period = run_length(module) or channel_period(module, anchor, spec)  # a softmax's run is one tile
     if period:
         split_by_period(spec, period)
     tile = max(16, 1 << (period - 1).bit_length()) if period else 0
     emitter = GemmEmitter(module, inputs, anchor, spec, kernel, allow_tf32, interpret)
     pieces = emitter.body(period, tile)
-    args = emitter.arg_list() + ["ws", "cnt"]
+    args = emitter.arg_list() + ["ws", "cnt"] + (["part", "pcnt"] if emitter.pixel_sums else [])
     constexprs = ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else [])
     body = signature(name, args, constexprs) + "\n" + "\n".join(emitter.lines) + "\n"
     configs, default_tune = gemm_configs(spec, anchor.inputs[0].shape.dtype, tile, pieces)
+    if emitter.pixel_sums:  # the last row tile must hold its whole sums: no split-k
+        configs = [c for c in configs if c["SPLIT"] == 1]
     n_grid: tuple[int, str | None, str | None] = (spec.n // period, None, None) if period else (spec.n, "BN", None)
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(spec.m, "BM", None), n_grid, (spec.batch, None, "SPLIT")],
-                        flops=2 * spec.m * spec.n * spec.k * spec.batch, default_tune=default_tune)
+                        flops=2 * spec.m * spec.n * spec.k * spec.batch, default_tune=default_tune,
+                        pixel_sums=emitter.pixel_sums)

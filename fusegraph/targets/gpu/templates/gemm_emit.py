@@ -2,11 +2,13 @@
 
 Both operands are read through their prologues at the spec's indices (`gemm_spec.py`); the
 epilogue runs on the accumulator tile at the output index and stores through the group's maps:
-into a transposed layout, a slice of a concat, or the detection head's [1, 25200, 85] rows.
+into a transposed layout, a slice of a concat, or the detection head's [1, 25200, 85] rows;
+a softmax over runs of output channels reduces across the tile there (`gemm_reduce.py`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fusegraph.ir.dtypes import DType
@@ -16,6 +18,8 @@ from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
 from fusegraph.targets.gpu.templates.gemm_prologue import RowStatistics, prologue_norms, selected_loads
+from fusegraph.targets.gpu.templates.gemm_reduce import (PixelSums, emit_pixel_sums, emit_segment_reduce, emit_segment_softmax,
+                                                           pixel_sum_returns)
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
 
@@ -32,15 +36,15 @@ class Columns:
 def stored_width(module: Module, out_index: Index, tile: int) -> int:
     """How many of a period tile's first columns the epilogue stores: the detection head's
     anchors are padded to 128 channels (`pad_channel_groups`) of which its stores keep 85."""
-    (ins,) = module.returns
     widths = []
-    while is_store(ins):  # a chain of stores: the pieces of a concat
-        width = tile
-        for x, _, hi in KernelWriter.domain_ranges(ins, out_index):
-            if isinstance(x, Var) and x.name == "rn":
-                width = min(width, hi)
-        widths.append(width)
-        ins = ins.inputs[0]
+    for ins in module.returns:
+        while is_store(ins):  # a chain of stores: the pieces of a concat
+            width = tile
+            for x, _, hi in KernelWriter.domain_ranges(ins, out_index):
+                if isinstance(x, Var) and x.name == "rn":
+                    width = min(width, hi)
+            widths.append(width)
+            ins = ins.inputs[0]
     return max(widths, default=tile)
 
 
@@ -68,7 +72,12 @@ class GemmEmitter:
             raise CodegenError(f"{anchor.op.name} on {dtype} has no GPU template (floating point only)")
         self.module, self.anchor, self.spec, self.kernel, self.dtype = module, anchor, spec, kernel, dtype
         self.acc_of: dict[int, str] = {}  # epilogue tile -> the accumulator it reads
+        self.width_of: dict[int, str] = {}  # epilogue tile -> its width (code)
         self.w = KernelWriter(module, inputs, {id(anchor): self._acc_value})
+        self.w.tile_reduction = self._epilogue_reduction
+        self.sum_codes: dict[int, str] = {}  # the tile a pixel sum is stored on -> its code
+        self.sums = pixel_sum_returns(module)
+        self.pixel_sums = PixelSums(spec.m, math.prod(anchor.shape.lens[2:]), anchor.shape.lens[1]) if self.sums else None
         self.a_in, self.b_in = anchor.inputs
         a_loads = selected_loads(self.a_in)
         self.a_plain = a_loads is not None  # A computes nothing: its loads are zero wherever masked
@@ -89,6 +98,15 @@ class GemmEmitter:
 
     def arg_list(self) -> list[str]:
         return self.w.arg_list()
+
+    def _epilogue_reduction(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
+        if ins.op.algorithm == "segment_softmax":
+            return emit_segment_softmax(self.w, ins, tile, index, mask, self.width_of[id(tile)])
+        if ins.op.algorithm == "segment_reduce":
+            return emit_segment_reduce(self.w, ins, tile, index, mask, self.width_of[id(tile)])
+        if id(tile) not in self.sum_codes:
+            raise CodegenError(f"the epilogue of {self.kernel} reads a sum over its pixels, which it only stores")
+        return self.sum_codes[id(tile)]
 
     def _acc_value(self, tile: Tile, index: Index) -> str:
         if index != self.spec.out_index:
@@ -111,7 +129,7 @@ class GemmEmitter:
         n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
         whole = [Columns("acc", "rn", "BN", n_bound)]
         pieces = []
-        if period and self.dtype != DType.float64:
+        if period and self.dtype != DType.float64 and not any(i.op.in_epilogue for i in self.module):  # reductions need the whole tile
             pieces = column_pieces(stored_width(self.module, spec.out_index, tile), tile)
         if not pieces:
             self.product(whole, split=True)
@@ -179,12 +197,16 @@ class GemmEmitter:
         return f"tl.broadcast_to({self.w.value(self.b_in, tb, self.spec.b_index)}, [BK, {b.width}]).to({self.operand})"
 
     def _epilogue(self, blocks: list[Columns]) -> None:
-        (ret,) = self.module.returns
         for b in blocks:
             te = Tile({"rm": "rm[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "nq": "pid_n"},
                       {"rm": self.m_bound, "rn": b.bound})
             self.acc_of[id(te)] = b.acc
-            self.w.store(ret, te, self.spec.out_index, ("last",))
+            self.width_of[id(te)] = b.width
+            for ret in self.module.returns:  # the group's value, then its further outputs
+                if ret not in self.sums:
+                    self.w.store(ret, te, self.spec.out_index, ("last",))
+            for ret in self.sums:
+                emit_pixel_sums(self.w, ret, te, self.spec.out_index, self.pixel_sums, self.sum_codes)
 
 
 def split_k_fixup(w: KernelWriter) -> None:

@@ -80,8 +80,8 @@ class Rows:
         return fold_across(combine, acc, 1)
 
     def store(self, tile: Tile, index: Index) -> None:
-        (ret,) = self.module.returns
-        self.w.store(ret, tile, index)
+        for ret in self.module.returns:  # the group's value, then its further outputs
+            self.w.store(ret, tile, index)
 
 
 def _indices(lens: tuple[int, ...], kept: list[int], axes: tuple[int, ...], rows: int, length: int) -> tuple[Index, Index]:

@@ -1,0 +1,115 @@
+"""The rule that lets a softmax join a matrix product's or convolution's epilogue.
+
+A kernel computes its product in tiles of output channels (the GEMM's N), so a reduction whose
+every run of elements lies within one tile can be computed in the epilogue, across the tile's
+columns, instead of by a kernel of its own reading the product back (attention-style heads:
+gemm -> reshape {..,3,64} -> transpose -> softmax over the 64).
+
+A sum or mean over a convolution's pixels per sample and channel (the squeeze of an SE block)
+spans many tiles of rows instead: it joins the epilogue as an `epilogue_sum` that is only
+stored (each program adds its rows' part, the GPU template combines the parts in a fixed
+order), legal when, through the epilogue's map, the reduced axes read only the anchor's pixel
+indices and the kept axes only its sample and channel indices.
+
+Legality comes from the index maps alone: the epilogue's map sends an anchor index to the
+softmax input's index; writing the anchor's channel index as c = q * L + r (L the softmax
+axis' length), the softmax axis must read exactly r and no other axis may read r. Then each
+softmax run is the L consecutive channels of one q at fixed other indices: an aligned run that
+a tile of L (padded to a power of two) covers, which the GEMM template then chooses.
+"""
+
+from __future__ import annotations
+
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.index_expr import Const, Var, free_vars, substitute
+from fusegraph.ir.index_map import IndexMap
+from fusegraph.ir.program import Instruction
+from fusegraph.ops.base import OpKind
+from fusegraph.ops.reduce import EpilogueSum, SegmentReduce, SegmentSoftmax
+from fusegraph.passes.group_builder import GroupBuilder, Piece
+
+MAX_RUN = 256  # the widest N tile the GEMM template chooses for a run
+
+
+def gemm_template(anchor: Instruction) -> bool:
+    """Whether `anchor` is a product the GEMM template lowers, the one that reduces in its
+    epilogue (a depthwise convolution has a template of its own)."""
+    return anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) == "gemm"
+
+
+def pixel_sum_template(anchor: Instruction) -> bool:
+    """Whether `anchor` is a convolution whose template (GEMM or depthwise) sums over its pixels."""
+    return anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) in ("gemm", "depthwise")
+
+
+def run_length(m: IndexMap, anchor: Instruction, axis: int) -> int | None:
+    """L when axis `axis` of the tensor `m` maps to is the anchor's channel index modulo L and
+    no other axis reads the channel index but by its quotient; None otherwise."""
+    channel = anchor.op.channel_axis(anchor.shape.ndim)
+    n, length = anchor.shape.lens[channel], m.in_lens[axis]
+    if length > MAX_RUN or n % length:
+        return None
+    q, r = Var("seg_q", n // length), Var("seg_r", length)
+    split = {m.out_vars[channel].name: q * length + r}
+    exprs = [substitute(e, split, check=False) for e in m.exprs]
+    if exprs[axis] != r or any(r in free_vars(e) for j, e in enumerate(exprs) if j != axis):
+        return None
+    return length
+
+
+def segment_softmax(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
+    """The pieces of softmax `ins` computed in `anchor`'s epilogue from its input's `pieces`,
+    or None when its runs do not lie within tiles of the anchor's output channels."""
+    if ins.op.algorithm != "softmax" or not gemm_template(anchor):
+        return None
+    if anchor.op.attrs.get("group", 1) != 1 or len(pieces) != 1 or pieces[0].domain:
+        return None  # grouped products tile their channels per group; split branches have parts only
+    (p,) = pieces
+    length = run_length(p.map, anchor, ins.op.axis)
+    if length is None:
+        return None
+    channel = anchor.op.channel_axis(anchor.shape.ndim)
+    value = b.add(SegmentSoftmax(channel, length, ins.op.log), [p.value], ins.origin)
+    return [Piece(p.map, (), value)]
+
+
+def segment_fold(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
+    """The pieces of a sum, mean, max or min `ins` over one axis whose runs lie within tiles
+    of `anchor`'s output channels (as for a softmax), or None."""
+    red = ins.op.reduction
+    if red is None or red.combine not in ("add", "max", "min") or red.finalize not in (None, "div"):
+        return None
+    if not gemm_template(anchor) or anchor.op.attrs.get("group", 1) != 1:
+        return None
+    axes = ins.op.reduced_axes(ins.shape.ndim)
+    if len(axes) != 1 or len(pieces) != 1 or pieces[0].domain:
+        return None
+    (p,), (axis,) = pieces, axes
+    length = run_length(p.map, anchor, axis)
+    if length is None:
+        return None
+    value = b.add(SegmentReduce(anchor.op.channel_axis(anchor.shape.ndim), length, red.combine, red.finalize),
+                  [p.value], ins.origin)
+    kept = [Const(0) if j == axis else e for j, e in enumerate(p.map.exprs)]
+    return [Piece(IndexMap(p.map.out_vars, kept, ins.shape.lens), (), value)]
+
+
+def pixel_reduction(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
+    """The pieces of reduce_sum or reduce_mean `ins` over each sample's pixels of convolution
+    `anchor`'s output (through the epilogue's map), or None when it reduces anything else."""
+    red = ins.op.reduction
+    if red is None or red.combine != "add" or red.finalize not in (None, "div") or ins.shape.dtype == DType.float64:
+        return None  # (the parts are added in float32)
+    if not pixel_sum_template(anchor) or not anchor.op.spatial_window or len(pieces) != 1 or pieces[0].domain:
+        return None
+    (p,) = pieces
+    reduced = set(ins.op.reduced_axes(ins.shape.ndim))
+    pixels = {v.name for v in p.map.out_vars[2:]}
+    read = [{v.name for v in free_vars(e)} for e in p.map.exprs]
+    if any(read[j] - pixels if j in reduced else read[j] & pixels for j in range(len(read))):
+        return None
+    if set().union(*(read[j] for j in reduced)) != pixels:
+        return None
+    value = b.add(EpilogueSum(range(2, anchor.shape.ndim), red.finalize == "div"), [p.value], ins.origin)
+    kept = [Const(0) if j in reduced else e for j, e in enumerate(p.map.exprs)]
+    return [Piece(IndexMap(p.map.out_vars, kept, ins.shape.lens), (), value)]

@@ -1,0 +1,150 @@
+"""Reductions inside a GEMM epilogue: across a tile's columns (`segment_softmax`,
+`segment_reduce`) and over each
+sample's pixels of a convolution (`epilogue_sum`, the squeeze of an SE block).
+
+The pass (`passes/reduction_epilogue.py`) lets a softmax join a product's epilogue when each
+of its runs is an aligned run of L output channels; the template then makes the N tile one run
+(L padded to a power of two, as for a channel period: `split_by_period`), so a row of the
+accumulator tile is one whole run. The max and the sum are taken along the tile's columns in
+the accumulator's type (fp32 for half inputs), with the padding lanes left out.
+
+A pixel sum spans many row tiles. Each program adds its tile's rows per sample (a tile of BM
+rows meets at most SLOTS = (BM - 1) // P + 2 samples of P pixels) and stores the parts into
+its own slots of a float32 scratch `part` [row tile, slot, channel]; a counter per column
+block (`pcnt`) finds the last program, which loads the parts of each sample past L1 and adds
+them in row-tile order, stores the sum or mean and clears the counter. As with split-k's
+partial sums (`gemm_emit.split_k_fixup`), no float atomics: the order of the sum never depends
+on which program ran first, so two runs give the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusegraph.ir.index_expr import substitute
+from fusegraph.ir.program import Instruction, Module
+from fusegraph.ops.base import is_store
+from fusegraph.targets.gpu.errors import CodegenError
+from fusegraph.targets.gpu.kernel_source import KernelSource, cdiv
+from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile, var
+from fusegraph.targets.gpu.scalar_ops import fold_across
+
+
+def run_length(module: Module) -> int:
+    """The run length of the group's reductions across the tile (0: none)."""
+    lengths = {ins.op.attrs["length"] for ins in module if ins.op.algorithm in ("segment_softmax", "segment_reduce")}
+    if len(lengths) > 1:
+        raise CodegenError(f"reductions over runs of {sorted(lengths)} channels in one epilogue; one tile width fits one")
+    return lengths.pop() if lengths else 0
+
+
+def emit_segment_softmax(w: KernelWriter, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...],
+                         width: str) -> str:
+    """The softmax of `ins`'s input over each row of the [BM, width] tile, whose valid columns
+    are one run: padding columns (past the run) count as -inf, so they add nothing."""
+    x = w.let(f"tl.broadcast_to({w.value(ins.inputs[0], tile, index, mask)}, [BM, {width}])")
+    cols = tile.bounds.get("rn")
+    masked = w.let(f"tl.where({cols}, {x}, float('-inf'))") if cols else x
+    top = w.let(f"tl.max({masked}, 1)[:, None]")
+    w.emit(f"{top} = tl.where({top} == float('-inf'), 0.0, {top})")  # a row of -inf: as the reference
+    e = w.let(f"tl.exp({masked} - {top})")
+    total = w.let(f"tl.sum({e}, 1)[:, None]")
+    if ins.op.attrs["log"]:
+        return w.let(f"{x} - {top} - tl.log({total})")
+    return w.let(f"{e} / {total}")
+
+
+def emit_segment_reduce(w: KernelWriter, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...],
+                        width: str) -> str:
+    """The fold of `ins`'s input over each row of the [BM, width] tile (one run), padding
+    columns at the fold's identity."""
+    a = ins.op.attrs
+    x = w.let(f"tl.broadcast_to({w.value(ins.inputs[0], tile, index, mask)}, [BM, {width}])")
+    cols = tile.bounds.get("rn")
+    identity = {"add": "0.0", "max": "float('-inf')", "min": "float('inf')"}[a["combine"]]
+    masked = w.let(f"tl.where({cols}, {x}, {identity})") if cols else x
+    total = w.let(f"{fold_across(a['combine'], masked, 1)}[:, None]")
+    return w.let(f"{total} / {a['length']}.0") if a["finalize"] == "div" else total
+
+
+@dataclass(frozen=True)
+class TileNames:
+    """How a template names a tile's row and column variables, their block sizes, the row
+    block's program index, the column block's index over the whole grid and the other
+    variables its output index may name."""
+
+    row: str
+    col: str
+    row_block: str
+    col_block: str
+    row_program: str
+    column: str
+    fixed: tuple[tuple[str, str], ...]
+
+
+GEMM_TILE = TileNames("rm", "rn", "BM", "BN", "pid_m", "gz * tl.num_programs(1) + pid_n", (("gz", "gz"), ("nq", "pid_n")))
+
+
+@dataclass(frozen=True)
+class PixelSums:
+    """The shape of a kernel's pixel sums: its rows (samples x pixels), the pixels per sample
+    and the output channels, and the names of the template's tile."""
+
+    rows: int
+    pixels: int
+    channels: int
+    names: TileNames = GEMM_TILE
+
+    def slots(self, bm: str | int) -> str:
+        return f"(({bm} - 1) // {self.pixels} + 2)"
+
+
+def pixel_sum_returns(module: Module) -> list[Instruction]:
+    """The group's stored values that are sums over the pixels (stored by `emit_pixel_sums`)."""
+    return [r for r in module.returns if is_store(r) and r.inputs[1].op.algorithm == "epilogue_sum"]
+
+
+def pixel_sum_workspace(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
+    """The parts (float32 elements) and counters a kernel's pixel sums need under `config`."""
+    p = src.pixel_sums
+    if p is None:
+        return 0, 0
+    columns = 1
+    for extent, block, _ in src.grid_dims[1:]:
+        columns *= cdiv(extent, config[block]) if block else extent
+    bm = config[p.names.row_block]
+    return cdiv(p.rows, bm) * ((bm - 1) // p.pixels + 2) * p.channels, columns
+
+
+def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Index, sums: PixelSums,
+                    codes: dict[int, str]) -> None:
+    """Add the tile's rows per sample into `part`; the last row tile of the column block adds
+    the parts in order and stores the result through `ret`'s map (see the module docstring).
+    `codes` receives the result's code for the tile the store reads it on."""
+    t = sums.names
+    bm, p = t.row_block, sums.pixels
+    x = w.value(ret.inputs[1].inputs[0], te, out_index)
+    valid = te.conjunction(te.mask_for(te.dims))
+    v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [{bm}, {t.col_block}]), 0.0)")
+    chan, cols, n, slots = te.code(out_index[1]), te.bounds[t.col], sums.channels, sums.slots(bm)
+    keep = f", mask={cols}" if cols else ""
+    w.emit(f"s0 = {t.row_program} * {bm} // {p}")
+    with w.block(f"for j in tl.static_range({slots}):"):
+        w.emit(f"pj = tl.sum(tl.where(({t.row}[:, None] // {p}) == s0 + j, {v}, 0.0), 0)[None, :]")
+        w.emit(f"tl.store(part + ({t.row_program} * {slots} + j) * {n} + {chan}, pj{keep})")
+    w.emit("tl.debug_barrier()")  # every thread's parts are out before the count says so
+    w.emit(f"col = {t.column}")
+    w.emit('seen = tl.atomic_add(pcnt + col, 1, sem="acq_rel")')
+    with w.block("if seen == tl.num_programs(0) - 1:"):
+        samples = sums.rows // p
+        with w.block(f"for sn in range({samples}):"):
+            w.emit(f"tot = tl.zeros([1, {t.col_block}], dtype=tl.float32)")
+            with w.block(f"for t in range(sn * {p} // {bm}, ((sn + 1) * {p} - 1) // {bm} + 1):"):
+                ptr = f"part + (t * {slots} + sn - t * {bm} // {p}) * {n} + {chan}"
+                # past L1: the parts were stored by other programs, maybe on other SMs
+                w.emit(f'tot += tl.load({ptr}{keep + ", other=0.0" if cols else ""}, cache_modifier=".cg")')
+            tm = Tile({t.col: te.names[t.col], **dict(t.fixed), "sn": "sn"}, {t.col: cols})
+            codes[id(tm)] = f"(tot / {p}.0)" if ret.inputs[1].op.attrs["mean"] else "tot"
+            first_row = {t.row: var("sn", samples) * p}
+            w.store(ret, tm, tuple(substitute(e, first_row, check=False) for e in out_index))
+        w.emit("tl.atomic_xchg(pcnt + col, 0)")
