@@ -80,7 +80,8 @@ def _check_page(program: fusegraph.Program, html: str) -> list[dict]:
 def test_one_box_per_kernel_yolov5s(yolo):
     html = render(fusion_graph(yolo, "yolov5s-160"))
     boxes = _check_page(yolo, html)
-    assert sum(b["kernel"] == "conv_add_sigmoid_mul" for b in boxes) == 49
+    want = sum(ins.op.attrs["kernel"] == "conv_add_sigmoid_mul" for ins in yolo.main if is_fused(ins))
+    assert want > 40 and sum(b["kernel"] == "conv_add_sigmoid_mul" for b in boxes) == want
     assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
@@ -106,7 +107,7 @@ def test_perf_times_are_matched_to_kernels_in_order(yolo, tmp_path):
     assert times == pytest.approx([0.001 * (i + 1) for i in range(len(kernels))])
     html = render(graph)
     assert f"{0.001 * len(kernels):.4f} ms" in html
-    with pytest.raises(ArgumentError, match="times 57 kernels, but the fused program has 58"):
+    with pytest.raises(ArgumentError, match=f"times {len(kernels) - 1} kernels, but the fused program has {len(kernels)}"):
         attach_times(graph, read_perf(perf)[1:], "perf.txt")
     perf.write_text("nothing here\n")
     with pytest.raises(ArgumentError, match="no kernel lines"):
