@@ -288,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(Row(name, batch, "-", note=f"skipped: past --budget-s {args.budget_s:.0f}"))
                 continue
             with torch.no_grad():
-                rows += run_case(Case(name, batch, args, device), modes, iters)
+                done = run_case(Case(name, batch, args, device), modes, iters)
+            rows += done
+            for cells in results_table(done).rows:  # each row as soon as it is measured: a run cut short keeps them
+                log("| " + " | ".join(cells) + " |")
     notes = [f"fp16, inputs from seed {args.seed} (images U(0,1), token ids within the vocabulary, "
              "masks 0/1); BERT and GPT-2 at sequence 128",
              "every contender is timed as CUDA-graph replays (CUDA events per replay, median); "
