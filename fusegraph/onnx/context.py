@@ -193,6 +193,22 @@ Parser = Callable[[ImportContext, list["Instruction | None"]], "Instruction | li
 #: ONNX op type -> parser. Filled by `fusegraph.onnx.parsers`.
 PARSERS: dict[str, Parser] = {}
 
+#: ONNX op type -> which of its nodes the parser leaves to the op's function body (forms the
+#: parser does not map, such as attention with a softcap); see `onnx/functions.py`.
+BODY_FORMS: dict[str, Callable[[onnx.NodeProto], bool]] = {}
+
+
+def op_key(node: onnx.NodeProto) -> str:
+    """The parser registry's name of a node's op: its type, prefixed by any non-standard domain
+    (`com.microsoft.Attention` is not ONNX's `Attention`)."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
+def parses(node: onnx.NodeProto) -> bool:
+    """Whether a parser reads `node` itself (else its function body, if ONNX defines one, is read)."""
+    key = op_key(node)
+    return key in PARSERS and not (key in BODY_FORMS and BODY_FORMS[key](node))
+
 
 def onnx_op(*op_types: str) -> Callable[[Parser], Parser]:
     """Decorator registering a parser for one or more ONNX op types."""

@@ -6,7 +6,8 @@ such an op is replaced, before the import, by its body's nodes for the model's o
 its inputs, outputs and attributes substituted and internal names prefixed by the node's name.
 Bodies may use function ops in turn; those expand too. Each body node keeps the opset its
 function was written for (`opsets`), which the importer reads it under. A parser always wins
-over a body: expansion applies only to op types no parser reads.
+over a body: expansion applies only to nodes no parser reads (an op type without a parser, or
+a form its parser leaves to the body, `context.BODY_FORMS`).
 """
 
 from __future__ import annotations
@@ -106,11 +107,11 @@ def _body_opset(body: FunctionProto, fallback: int) -> int:
 
 
 def expand_functions(model: onnx.ModelProto, opset: int,
-                     has_parser: Callable[[str], bool]) -> tuple[onnx.ModelProto, dict[str, int]]:
+                     has_parser: Callable[[NodeProto], bool]) -> tuple[onnx.ModelProto, dict[str, int]]:
     """`model`, or a copy whose nodes no parser reads are their function bodies (see the
     module), and the opset of every node that came from a body, by node name. A node whose body
     needs an op that is neither parsed nor a function stays as it is (and is reported)."""
-    if all(has_parser(n.op_type) or n.domain not in ("", "ai.onnx") for n in model.graph.node):
+    if all(has_parser(n) or n.domain not in ("", "ai.onnx") for n in model.graph.node):
         return model, {}
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -121,7 +122,7 @@ def expand_functions(model: onnx.ModelProto, opset: int,
     opsets: dict[str, int] = {}
 
     def expand(node: NodeProto, node_opset: int, depth: int) -> list[NodeProto] | None:
-        if has_parser(node.op_type):
+        if has_parser(node):
             return [node]
         body = _function_body(node, node_opset, types) if depth < _MAX_DEPTH and node.domain in ("", "ai.onnx") else None
         if body is None:

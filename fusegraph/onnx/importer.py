@@ -19,7 +19,7 @@ from fusegraph.errors import FusegraphError, ParseError, UnsupportedOpError
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.ir.shape import Shape
 from fusegraph.onnx import parsers  # noqa: F401  (registers the parsers)
-from fusegraph.onnx.context import MIN_OPSET, PARSERS, ImportContext, onnx_dtype, onnx_op
+from fusegraph.onnx.context import MIN_OPSET, PARSERS, ImportContext, onnx_dtype, onnx_op, op_key, parses
 from fusegraph.onnx.functions import expand_functions
 from fusegraph.onnx.validate import validate_model
 from fusegraph.onnx.loader import load_model
@@ -45,7 +45,7 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     except ParseError:
         _check_supported(model.graph)  # unsupported ops are reported first
         raise
-    model, body_opsets = expand_functions(model, opset, PARSERS.__contains__)
+    model, body_opsets = expand_functions(model, opset, parses)
     graph = model.graph
     _check_supported(graph)
     program = Program()
@@ -99,7 +99,7 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> None:
         else:
             args.append(ctx.values[name])
     try:
-        result = PARSERS[_op_key(node)](ctx, args)
+        result = PARSERS[op_key(node)](ctx, args)
     except FusegraphError:
         raise
     except (ValueError, TypeError, IndexError, AssertionError) as e:
@@ -145,12 +145,6 @@ def _opset(model: onnx.ModelProto) -> int:
     return opset
 
 
-def _op_key(node: onnx.NodeProto) -> str:
-    """The parser registry's name of a node's op: its type, prefixed by any non-standard domain
-    (`com.microsoft.Attention` is not ONNX's `Attention`)."""
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-
-
 def _branch_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The graph's nodes and those of every If branch in it, which are read in place."""
     out = []
@@ -166,7 +160,7 @@ def _branch_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 def _check_supported(graph: onnx.GraphProto) -> None:
     bad: dict[str, list[str]] = {}
     for k, node in enumerate(_branch_nodes(graph)):
-        op = _op_key(node)
+        op = op_key(node)
         if op not in PARSERS:
             bad.setdefault(op, []).append(node.name or f"{node.op_type}_{k}")
     if bad:

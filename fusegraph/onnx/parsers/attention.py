@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction
@@ -18,7 +19,7 @@ from fusegraph.ops import views as v
 from fusegraph.ops.attention import Attention
 from fusegraph.ops.base import make_op
 from fusegraph.ops.movement import Concat
-from fusegraph.onnx.context import ImportContext, onnx_op
+from fusegraph.onnx.context import BODY_FORMS, ImportContext, onnx_op
 from fusegraph.onnx.parsers.elementwise import binary
 from fusegraph.onnx.parsers.nn import matmul
 
@@ -92,6 +93,19 @@ def _past(ctx: ImportContext, past: Instruction | None, x: Instruction) -> Instr
     if past is None:
         return x
     return ctx.add(Concat(2), [past, x])
+
+
+def _body_form(node: onnx.NodeProto) -> bool:
+    """Forms of ONNX Attention that the attention op does not express (a softcap, local windows,
+    per-batch key lengths, the scores as a fourth output): read through the op's function body."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    windowed = any(attrs.get(w, -1) != -1 for w in ("left_window_size", "right_window_size"))
+    extra_input = len(node.input) > 6 and bool(node.input[6])
+    scores_out = len(node.output) > 3 and bool(node.output[3])
+    return bool(attrs.get("softcap", 0.0)) or windowed or extra_input or scores_out
+
+
+BODY_FORMS["Attention"] = _body_form
 
 
 @onnx_op("Attention")
