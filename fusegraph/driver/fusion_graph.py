@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from fusegraph.errors import ArgumentError
-from fusegraph.ops.base import is_fused
+from fusegraph.ops.base import is_allocate, is_fused, is_literal, is_load, is_param, is_store
 
-#: sub-module ops that are a kernel's plumbing rather than its work
-PLUMBING = ("@param", "@literal", "load", "store", "allocate")
+def is_plumbing(ins: Any) -> bool:
+    """Parameters, literals, loads, stores and allocations: how a kernel reaches its data, not
+    what it computes, so a box lists only the others."""
+    return is_param(ins) or is_literal(ins) or is_load(ins) or is_store(ins) or is_allocate(ins)
 
 
 @dataclass
@@ -48,13 +50,13 @@ def fusion_graph(program: Any, model: str = "") -> FusionGraph:
     edges: list[tuple[str, str]] = []
     key_of: dict[int, str] = {}
     for pos, ins in enumerate(main.instructions):
-        if ins.op.name == "@param":
+        if is_param(ins):
             key_of[id(ins)] = f"in:{ins.op.attrs['name']}"
             boxes.append(Box(key_of[id(ins)], "input", f"{ins.op.attrs['name']} {list(ins.shape.lens)}"))
         elif is_fused(ins):
             key = f"@{pos}"
             key_of[id(ins)] = key
-            ops = [(x.op.name, x.origin) for x in ins.op.module.instructions if x.op.name not in PLUMBING]
+            ops = [(x.op.name, x.origin) for x in ins.op.module.instructions if not is_plumbing(x)]
             ops = ops or [(ins.op.attrs["kernel"], ins.origin)]  # a kernel that only moves data
             boxes.append(Box(key, "kernel", key, ins.op.attrs["kernel"], ops))
             edges += [(src, key) for src in dict.fromkeys(_sources(ins, key_of))]
