@@ -48,6 +48,7 @@ from bench.timing import (Table, Timing, capture_graph, count_kernels, synchroni
                           write_results)
 from bench.yolov5s import with_batch
 from fusegraph.driver.inputs import input_ranges
+from fusegraph.driver.perf import compile_phase_lines
 
 MODES = ("fusegraph", "eager", "compile", "max-autotune")
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -146,6 +147,8 @@ def run_fusegraph(case: Case, iters: int) -> Row:
         synchronize(case.device)
         row.setup_s = time.perf_counter() - t0
         log(f"   fusegraph cold compile {row.setup_s:.1f} s")
+        for line in compile_phase_lines(runner.compiled):
+            log(f"   {line}")
         row.check = check(out, fp32_reference(case), case.args.tolerance)
         if not row.check.ok:
             row.note = "output check failed: not timed"

@@ -56,8 +56,24 @@ def perf_report(compiled: Any, iterations: int, configs: bool = False) -> str:
         f"Memory: {compiled.plan.describe()}",
         f"Compile time: {compiled.compile_seconds:.1f} s (plus {compiled.startup_seconds:.1f} s importing torch and "
         f"creating the CUDA context, once per process)",
-    ]
+    ] + compile_phase_lines(compiled)
     return "\n".join(lines)
+
+
+def compile_phase_lines(compiled: Any) -> list[str]:
+    """Where the compile time went, and the slowest kernel builds: a cold compile that takes
+    minutes should say which kernels made it so."""
+    if not compiled.phase_seconds:
+        return []
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in compiled.phase_seconds.items())
+    lines = [f"Compile phases: {phases}"]
+    build = compiled.build_report
+    if build is not None and build.seconds:
+        total = sum(s for s, _ in build.seconds)
+        lines.append(f"Builds: {len(build.seconds)} kernel configs, {total:.1f} s of build time on {build.workers} "
+                     f"workers ({build.wall_seconds:.1f} s wall); slowest:")
+        lines += [f"  {s:.1f} s {what}" for s, what in build.slowest(5)]
+    return lines
 
 
 def chrome_trace(compiled: Any) -> str:

@@ -73,7 +73,7 @@ def _copy_model(source: str, version: Path) -> tuple[str, dict[str, Any], dict[s
     if str(source).lower().endswith(".fgx"):
         shutil.copyfile(source, version / "model.fgx")
         loaded = fusegraph.load(version / "model.fgx")
-        program = loaded.program if api.compiled_target(loaded) else loaded
+        program = _declared_program(loaded) if api.compiled_target(loaded) else loaded
         file_name = "model.fgx"
     else:
         model = load_model(source)
@@ -84,6 +84,16 @@ def _copy_model(source: str, version: Path) -> tuple[str, dict[str, Any], dict[s
     inputs = {k: (s.dtype.numpy, list(s.lens)) for k, s in program.input_shapes.items()}
     outputs = {k: (r.shape.dtype.numpy, list(r.shape.lens)) for k, r in zip(main.return_names, main.returns)}
     return file_name, inputs, outputs
+
+
+def _declared_program(compiled: Any) -> Any:
+    """The program a saved compiled program was compiled from: the server declares its dtypes,
+    since a half-precision program takes float32 inputs and returns float32 outputs (it converts
+    inside); a dynamic batch declares its largest size's."""
+    programs = getattr(compiled, "programs", None)  # a dynamic batch: one program per size
+    if programs:
+        compiled = programs[max(programs)]
+    return compiled.source_program
 
 
 def config_text(name: str, inputs: dict[str, Any], outputs: dict[str, Any], max_batch: int, gpus: list[int],

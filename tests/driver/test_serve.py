@@ -53,6 +53,18 @@ def test_model_repository_for_the_ref_target(small_model, tmp_path, capsys):
     assert onnx.load(str(tmp_path / "small" / "1" / "model.onnx")).graph.node[0].op_type == "Conv"
 
 
+def test_a_saved_half_precision_program_is_served_in_the_model_s_dtypes(small_model, tmp_path):
+    """The server declares the dtypes of the model the .fgx was compiled from: the program
+    converts float32 inputs to float16 inside, so requests stay float32."""
+    saved = tmp_path / "small.fgx"
+    assert main(["compile", small_model, "--fp16", "--target", "ref", "-o", str(saved)]) == 0
+    assert main(["serve", str(saved), "--target", "ref", "--max-batch", "4", "--model-repository",
+                 str(tmp_path / "repo")]) == 0
+    config = _read(tmp_path / "repo" / "small" / "config.pbtxt")
+    assert '{ name: "x" data_type: TYPE_FP32 dims: [ 3, 8, 8 ] }' in config
+    assert '{ name: "out" data_type: TYPE_FP32 dims: [ 4, 8, 8 ] }' in config
+
+
 def test_model_repository_has_one_instance_per_gpu(small_model, tmp_path):
     assert main(["serve", small_model, "--gpus", "0,1", "--name", "conv", "--model-repository", str(tmp_path)]) == 0
     config = _read(tmp_path / "conv" / "config.pbtxt")

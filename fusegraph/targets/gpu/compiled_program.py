@@ -132,6 +132,8 @@ class CompiledProgram:
         self.device = device
         self.compile_seconds = compile_seconds
         self.startup_seconds = 0.0  # torch import and CUDA context, paid once per process
+        self.phase_seconds: dict[str, float] = {}  # fuse, generate, build, tune: where a compile went
+        self.build_report: Any = None  # the parallel build's report (parallel_compile.BuildReport), if tuned
         self.options = options
         self.interpreted = device == "cpu"
         main = program.main

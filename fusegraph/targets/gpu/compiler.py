@@ -52,6 +52,7 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     startup = time.monotonic() - start
     start = time.monotonic()
     p = _fused_copy(program, fp16, bf16)
+    fused_at = time.monotonic()
     plan = plan_program(p.main)
     fused = [i for i in p.main if is_fused(i)]
     sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
@@ -59,6 +60,7 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     kernels = _kernels(fused, sources, plan, interpret, progress)
     options = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32}
     compiled = CompiledProgram(p, kernels, plan, device, 0.0, options, weights)
+    compiled.phase_seconds = {"fuse": fused_at - start, "generate": time.monotonic() - fused_at}
     if tune:
         tune_program(compiled, exhaustive_tune, progress)
     compiled.compile_seconds = time.monotonic() - start
@@ -154,32 +156,49 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
         t = torch.rand(shape.lens, device="cuda") if shape.dtype.is_float else torch.zeros(shape.lens, device="cuda")
         inputs[name] = t.to(dt)
     bound = compiled.bind(inputs, capture=False)  # a graph captured now would keep the untuned configs
-    plans = []
+    plans: dict[tuple, list[Config]] = {}  # one plan per distinct kernel (source and argument types)
     jobs = []
     for k in compiled.kernels:
+        dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
+        key = _tuning_key(k)
+        if key in plans:  # a repeated block's kernel: built and timed once
+            continue
         cached = cache.get(k.src.digest)
         if cached is not None:  # tuned (and compiled into Triton's cache) before
-            plans.append([cached])
+            plans[key] = [cached]
             continue
-        candidates = k.src.configs if exhaustive else k.src.configs[:k.src.default_tune or DEFAULT_TUNE_CONFIGS]
-        plans.append(candidates)
-        dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
-        jobs += [(k.src, dtypes, c) for c in candidates]
-    failures = compile_all(jobs, progress)
+        plans[key] = k.src.configs if exhaustive else k.src.configs[:k.src.default_tune or DEFAULT_TUNE_CONFIGS]
+        jobs += [(k.src, dtypes, c) for c in plans[key]]
+    started = time.monotonic()
+    build = compile_all(jobs, progress)
+    compiled.build_report = build
+    tuning_started = time.monotonic()
     report = []
-    for j, (k, candidates) in enumerate(zip(compiled.kernels, plans)):
-        if len(candidates) == 1:
-            k.config = candidates[0]
+    chosen: dict[tuple, Config] = {}
+    for j, k in enumerate(compiled.kernels):
+        key = _tuning_key(k)
+        candidates = plans[key]
+        if key in chosen or len(candidates) == 1:
+            k.config = chosen.get(key, candidates[0])
         else:
             k.config, times = best_config(candidates, lambda c: bound.launch(k, c))
             if all(t == float("inf") for t in times):
-                raise every_config_failed(k.src, k.ins.origin, failures)
+                raise every_config_failed(k.src, k.ins.origin, build.failures)
             report.append({"kernel": k.src.name, "flops": k.src.flops,
                            "grid": k.src.grid_dims, "configs": candidates, "ms": times})
+        chosen[key] = k.config
         cache.put(k.src.digest, k.config)
         if progress:
             progress("tuning kernels", j + 1, len(compiled.kernels))
     cache.save()
+    compiled.phase_seconds["build"] = tuning_started - started
+    compiled.phase_seconds["tune"] = time.monotonic() - tuning_started
     if os.environ.get("FUSEGRAPH_TUNING_REPORT") and report:  # every candidate's time, to improve the defaults
         with open(os.environ["FUSEGRAPH_TUNING_REPORT"], "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in report)
+
+
+def _tuning_key(kernel: Kernel) -> tuple:
+    """Kernels of one source (codegen names kernels by content) and one set of argument types
+    compile to one binary and run alike, so one tuning serves them all."""
+    return (kernel.src.digest, tuple(str(b.shape.dtype) for b in kernel.args))

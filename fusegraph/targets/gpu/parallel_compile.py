@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
@@ -18,33 +20,52 @@ from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 Job = tuple[KernelSource, list[Any], Config]  # source, torch dtypes of the arguments, config
 
 
-def _warm(job: Job) -> str | None:
+@dataclass
+class BuildReport:
+    """What compiling a batch of (kernel, config) jobs cost: a slow cold compile is explained by
+    its slowest builds (a template whose unrolled loops take seconds, say), not guessed at."""
+
+    failures: list[str] = field(default_factory=list)  # a config that does not fit, say, as text
+    seconds: list[tuple[float, str]] = field(default_factory=list)  # (build seconds, "kernel config")
+    workers: int = 0
+    wall_seconds: float = 0.0
+
+    def slowest(self, n: int = 3) -> list[tuple[float, str]]:
+        return sorted(self.seconds, reverse=True)[:n]
+
+
+def _warm(job: Job) -> tuple[str | None, float]:
     from fusegraph.targets.gpu.kernel_loader import load_kernel
 
     src, dtypes, config = job
+    start = time.monotonic()
     try:
         fn = load_kernel(src)
         constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
         fn.warmup(*dtypes, grid=(1,), **constexprs, num_warps=config["num_warps"], num_stages=config["num_stages"])
-        return None
+        return None, time.monotonic() - start
     except Exception as e:  # noqa: BLE001 - reported, and the config is then skipped by the tuner
-        return f"{src.name} {config}: {type(e).__name__}: {e}"
+        return f"{src.name} {config}: {type(e).__name__}: {e}", time.monotonic() - start
 
 
 def compile_all(jobs: list[Job], progress: Callable[[str, int, int], None] | None = None,
-                workers: int | None = None) -> list[str]:
-    """Compile every job; returns the failures (a config that does not fit, say) as text."""
+                workers: int | None = None) -> BuildReport:
+    """Compile every job; the report lists the failures and what each build took."""
+    report = BuildReport()
     if not jobs:
-        return []
-    workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) - 1, 32))
-    failures: list[str] = []
+        return report
+    start = time.monotonic()
+    report.workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) - 1, 32))
     ctx = multiprocessing.get_context("spawn")  # a forked child would inherit the parent's CUDA context
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_warm, job) for job in jobs]
+    with ProcessPoolExecutor(max_workers=report.workers, mp_context=ctx) as pool:
+        futures = {pool.submit(_warm, job): job for job in jobs}
         for done, f in enumerate(as_completed(futures), 1):
-            err = f.result()
+            err, seconds = f.result()
+            src, _, config = futures[f]
+            report.seconds.append((seconds, f"{src.name} {config}"))
             if err:
-                failures.append(err)
+                report.failures.append(err)
             if progress:
                 progress("compiling kernels", done, len(jobs))
-    return failures
+    report.wall_seconds = time.monotonic() - start
+    return report
