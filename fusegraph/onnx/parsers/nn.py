@@ -151,13 +151,50 @@ def _pool(ctx: ImportContext, x: Instruction, mode: str, include_pad: bool | Non
 
 
 @onnx_op("MaxPool")
-def parse_max_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    assert ctx.node is not None
-    if len(ctx.node.output) > 1 and ctx.node.output[1]:
-        raise ctx.error("the Indices output is not supported")
-    if ctx.attr("storage_order", 0):
-        raise ctx.error("storage_order=1 is not supported")
-    return _pool(ctx, ins[0], "max")  # type: ignore[arg-type]
+def parse_max_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction | list[Instruction]:
+    x = ins[0]
+    assert ctx.node is not None and x is not None
+    order = ctx.check_attr("storage_order", ctx.attr("storage_order", 0), [0, 1])
+    pooled = _pool(ctx, x, "max")
+    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+        return pooled
+    return [pooled, _max_indices(ctx, x, pooled, pooled.op, bool(order))]  # type: ignore[arg-type]
+
+
+def _max_indices(ctx: ImportContext, x: Instruction, pooled: Instruction, op: anchors.Pooling,
+                 column_major: bool) -> Instruction:
+    """MaxPool's Indices: the flat input index of each window's max, the first in the window's
+    row-major order on ties, as ONNX Runtime picks it. Each tap of the window is a strided slice
+    of the input padded with the lowest value, and its input positions are constants; visiting
+    the taps last to first, where(tap == max, its index, the index so far) ends at the first
+    equal tap. The spatial index is row- or column-major (`storage_order`); the channel's
+    offset is added last."""
+    k = len(op.lengths)
+    spatial = x.shape.lens[2:]
+    out = op.out_spatial(spatial)
+    reach = [(o - 1) * s + d * (n - 1) + 1 for o, s, d, n in zip(out, op.stride, op.dilation, op.lengths)]
+    ends = [max(op.padding[i + k], r - spatial[i] - op.padding[i]) for i, r in enumerate(reach)]
+    pads = [0, 0, *op.padding[:k], 0, 0, *ends]
+    dtype = x.shape.dtype
+    low = -np.inf if dtype.is_float else float(np.iinfo(dtype.numpy).min)
+    padded = ctx.add(movement.Pad(pads, "constant", low), [x]) if any(pads) else x
+    flat = np.arange(prod(spatial), dtype=np.int64)
+    positions = flat.reshape(spatial[::-1]).T if column_major else flat.reshape(spatial)
+    positions = np.pad(positions, [(pads[2 + i], pads[4 + k + i]) for i in range(k)], constant_values=-1)
+    chosen = None
+    for tap in reversed(list(np.ndindex(*op.lengths))):
+        starts = [t * d for t, d in zip(tap, op.dilation)]
+        stops = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, op.stride)]
+        at = ctx.literal(np.ascontiguousarray(positions[tuple(map(slice, starts, stops, op.stride))]))
+        if chosen is None:
+            chosen = at
+            continue
+        value = ctx.add(v.Slice(range(2, 2 + k), starts, stops, op.stride), [padded])
+        chosen = ctx.add(pw.Where(), ctx.broadcast(binary(ctx, "equal", value, pooled), at, chosen))
+    assert chosen is not None
+    n, c = x.shape.lens[:2]
+    offsets = (np.arange(n * c, dtype=np.int64) * prod(spatial)).reshape(n, c, *[1] * k)
+    return binary(ctx, "add", chosen, ctx.literal(offsets))
 
 
 @onnx_op("AveragePool")
@@ -461,6 +498,20 @@ def _upsample_1_scales(ctx: ImportContext, x: Instruction) -> list[float]:
     return [1.0, 1.0, float(ctx.attr("height_scale")), float(ctx.attr("width_scale"))]
 
 
+def _resize_roi(ctx: ImportContext, roi_in: Instruction | None, axes: list[int], r: int) -> list[tuple[float, float]]:
+    """(start, end) per axis of a crop-and-resize, from the roi input [starts..., ends...] over
+    `axes`; axes it does not name keep the whole input (0, 1)."""
+    if roi_in is None:
+        raise ctx.error("coordinate_transformation_mode='tf_crop_and_resize' needs the roi input")
+    roi = [float(v) for v in ctx.require_const(roi_in, "roi").reshape(-1)]
+    if len(roi) != 2 * len(axes):
+        raise ctx.error(f"roi has {len(roi)} values for {len(axes)} axes (needs starts and ends)")
+    spans = [(0.0, 1.0)] * r
+    for i, a in enumerate(axes):
+        spans[a] = (roi[i], roi[i + len(axes)])
+    return spans
+
+
 @onnx_op("Resize", "Upsample")
 def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
@@ -479,11 +530,11 @@ def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
         scales_in = ins[2] if len(ins) > 2 else None
         sizes_in = ins[3] if len(ins) > 3 else None
         coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    ctx.check_attr("coordinate_transformation_mode", coord,
-                   ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"])
-    if ctx.attr("antialias", 0):
-        raise ctx.error("antialias=1 is not supported")
+    ctx.check_attr("coordinate_transformation_mode", coord, ["half_pixel", "pytorch_half_pixel", "align_corners",
+                                                             "asymmetric", "half_pixel_symmetric", "tf_crop_and_resize"])
+    ctx.check_attr("antialias", ctx.attr("antialias", 0), [0, 1])
     axes = ctx.axes(ctx.attr("axes", list(range(r))), r)
+    roi = _resize_roi(ctx, ins[1], axes, r) if coord == "tf_crop_and_resize" else []
     policy = ctx.check_attr("keep_aspect_ratio_policy", ctx.attr("keep_aspect_ratio_policy", "stretch"),
                             ["stretch", "not_larger", "not_smaller"])
     scales_v = ctx.require_const(scales_in, "scales") if scales_in is not None else None
@@ -522,8 +573,9 @@ def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
         nearest_mode = "floor"
         if mode == "nearest" and any(s < 1 for s in scales):
             raise ctx.error("nearest downsampling before opset 11 is not supported (its rounding is unspecified)")
-    op = movement.Resize(out, scales, mode, coord, nearest_mode,
-                         ctx.attr("cubic_coeff_a", -0.75), bool(ctx.attr("exclude_outside", 0)))
+    op = movement.Resize(out, scales, mode, coord, nearest_mode, ctx.attr("cubic_coeff_a", -0.75),
+                         bool(ctx.attr("exclude_outside", 0)), bool(ctx.attr("antialias", 0)), roi,
+                         ctx.attr("extrapolation_value", 0.0))
     ctx.check_attr("nearest_mode", op.nearest_mode, ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
     return resample(ctx, x, op)
 
