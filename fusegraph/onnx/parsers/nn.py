@@ -305,13 +305,18 @@ def parse_softmax(ctx: ImportContext, ins: list[Instruction | None]) -> Instruct
     return ctx.add(v.Reshape(x.shape.lens), [out])
 
 
+def _moments(ctx: ImportContext, x: Instruction, axes: list[int]) -> tuple[Instruction, Instruction, Instruction]:
+    """The mean over `axes`, x - mean and the (biased) variance, statistics kept as length-1 dims."""
+    mean = ctx.add(make_op("reduce_mean", axes=axes), [x])
+    centered = binary(ctx, "sub", x, mean)
+    return mean, centered, ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [centered, centered])])
+
+
 def _standardize(ctx: ImportContext, x: Instruction, axes: list[int],
                  epsilon: float) -> tuple[Instruction, Instruction, Instruction]:
     """(x - mean) / sqrt(var + epsilon) over `axes`, with the mean and 1 / sqrt(var + epsilon)
     (kept as length-1 dims): the core of the normalizations without an op of their own."""
-    mean = ctx.add(make_op("reduce_mean", axes=axes), [x])
-    centered = binary(ctx, "sub", x, mean)
-    var = ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [centered, centered])])
+    mean, centered, var = _moments(ctx, x, axes)
     eps = ctx.literal(np.array(epsilon, x.shape.dtype.numpy))
     inv_std = ctx.add(make_op("recip"), [ctx.add(make_op("sqrt"), [binary(ctx, "add", var, eps)])])
     return binary(ctx, "mul", centered, inv_std), mean, inv_std
@@ -347,6 +352,52 @@ def parse_layer_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instr
         return y
     _, mean, inv_std = _standardize(ctx, ctx.convert(x, stash), list(range(axis, x.shape.ndim)), epsilon)
     return [y, mean, inv_std]
+
+
+@onnx_op("BatchNormalization")
+def parse_batch_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction | list[Instruction]:
+    """Normalize with the given mean and variance. Before opset 7 `is_test=1` says so (0 asks for
+    batch statistics); before opset 9 `spatial=0` gives each element of [C, D1, ...] its own
+    parameters instead of each channel. With training_mode=1 (opset 14) the statistics are the
+    batch's, and the running mean and variance are updated by `momentum` (`_batch_statistics`)."""
+    x, scale, bias, mean, var = ins[:5]
+    assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
+    if ctx.opset < 7 and not ctx.attr("is_test", 0):
+        raise ctx.error("is_test=0 (training: statistics of the batch) is not supported "
+                        "(fusegraph compiles for inference; export with is_test=1)")
+    if x.shape.ndim < 2:
+        raise ctx.error(f"input must be [N, C, ...], got rank {x.shape.ndim}")
+    c = x.shape.lens[1]
+    if ctx.opset < 9 and not ctx.attr("spatial", 1):
+        lens, what = list(x.shape.lens[1:]), f"the input's {list(x.shape.lens[1:])} (spatial=0)"
+    else:
+        lens, what = [c] + [1] * (x.shape.ndim - 2), f"{c} channels"
+    params = []
+    for p in (scale, bias, mean, var):
+        if p.shape.elements != prod(lens):
+            raise ctx.error(f"parameter of shape {list(p.shape.lens)} does not match {what}")
+        params.append(ctx.add(v.Reshape(lens), [ctx.convert(p, x.shape.dtype)]))
+    running: list[Instruction] = []
+    if ctx.check_attr("training_mode", ctx.attr("training_mode", 0), [0, 1]):
+        params[2:], running = _batch_statistics(ctx, x, mean, var)
+    y = ctx.add(pw.BatchNorm(ctx.attr("epsilon", 1e-5)), ctx.broadcast(x, *params))
+    return [y, *running] if running else y
+
+
+def _batch_statistics(ctx: ImportContext, x: Instruction, mean: Instruction,
+                      var: Instruction) -> tuple[list[Instruction], list[Instruction]]:
+    """Training mode: the batch's per-channel mean and (biased) variance, and the running
+    statistics momentum * given + (1 - momentum) * batch's, in the given statistics' type."""
+    batch_mean, _, batch_var = _moments(ctx, x, [a for a in range(x.shape.ndim) if a != 1])
+    momentum = ctx.attr("momentum", 0.9)
+    running = []
+    for given, batch in ((mean, batch_mean), (var, batch_var)):
+        kind = x.shape.dtype.numpy
+        flat = ctx.add(v.Reshape(given.shape.lens), [batch])
+        kept = binary(ctx, "mul", ctx.convert(given, x.shape.dtype), ctx.literal(np.array(momentum, kind)))
+        moved = binary(ctx, "mul", flat, ctx.literal(np.array(1 - momentum, kind)))
+        running.append(ctx.convert(binary(ctx, "add", kept, moved), given.shape.dtype))
+    return [batch_mean, batch_var], running
 
 
 @onnx_op("InstanceNormalization")
@@ -389,9 +440,7 @@ def parse_mvn(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
     assert x is not None
     axes = ctx.axes(ctx.attr("axes", [0, 2, 3]), x.shape.ndim)
-    mean = ctx.add(make_op("reduce_mean", axes=axes), [x])
-    centered = binary(ctx, "sub", x, mean)
-    var = ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [centered, centered])])
+    _, centered, var = _moments(ctx, x, axes)
     std = binary(ctx, "add", ctx.add(make_op("sqrt"), [var]), ctx.literal(np.array(1e-9, x.shape.dtype.numpy)))
     return binary(ctx, "div", centered, std)
 
