@@ -43,7 +43,7 @@ def _window_pads(ctx: ImportContext, spatial: tuple[int, ...], kernel: list[int]
     return begins + ends
 
 
-def _per_spatial(ctx: ImportContext, name: str, k: int) -> list[int]:
+def per_spatial(ctx: ImportContext, name: str, k: int) -> list[int]:
     values = list(ctx.attr(name, [1] * k))
     if len(values) != k:
         raise ctx.error(f"{name} has {len(values)} values, expected {k}")
@@ -52,7 +52,7 @@ def _per_spatial(ctx: ImportContext, name: str, k: int) -> list[int]:
     return values
 
 
-def _channel_bias(ctx: ImportContext, out: Instruction, bias: Instruction) -> Instruction:
+def channel_bias(ctx: ImportContext, out: Instruction, bias: Instruction) -> Instruction:
     """Add a per-channel bias [C] to [N, C, ...]."""
     c = out.shape.lens[1]
     if bias.shape.lens != (c,):
@@ -71,14 +71,14 @@ def parse_conv(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction
     kernel = list(ctx.attr("kernel_shape", w.shape.lens[2:]))
     if tuple(kernel) != w.shape.lens[2:]:
         raise ctx.error(f"kernel_shape {kernel} does not match weights {list(w.shape.lens)}")
-    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    strides, dilations = per_spatial(ctx, "strides", k), per_spatial(ctx, "dilations", k)
     pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
     group = ctx.attr("group", 1)
     if group < 1:
         raise ctx.error(f"group must be positive, got {group}")
     out = ctx.add(anchors.Convolution(pads, strides, dilations, group), [x, w])
     if len(ins) > 2 and ins[2] is not None:
-        out = _channel_bias(ctx, out, ins[2])
+        out = channel_bias(ctx, out, ins[2])
     return out
 
 
@@ -88,7 +88,7 @@ def _transpose_attrs(ctx: ImportContext, x: Instruction, w: Instruction) -> anch
     kernel = list(ctx.attr("kernel_shape", w.shape.lens[2:]))
     if tuple(kernel) != w.shape.lens[2:]:
         raise ctx.error(f"kernel_shape {kernel} does not match weights {list(w.shape.lens)}")
-    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    strides, dilations = per_spatial(ctx, "strides", k), per_spatial(ctx, "dilations", k)
     auto = ctx.check_attr("auto_pad", ctx.attr("auto_pad", "NOTSET"), ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
     pads = list(ctx.attr("pads", [0] * (2 * k)))
     if len(pads) != 2 * k or any(p < 0 for p in pads):
@@ -121,7 +121,7 @@ def parse_conv_transpose(ctx: ImportContext, ins: list[Instruction | None]) -> I
         raise ctx.error(f"input [N, C, spatial...] and weights of its rank expected, got {list(x.shape.lens)} and {list(w.shape.lens)}")
     out = ctx.add(_transpose_attrs(ctx, x, w), [x, w])
     if len(ins) > 2 and ins[2] is not None:
-        out = _channel_bias(ctx, out, ins[2])
+        out = channel_bias(ctx, out, ins[2])
     return out
 
 
@@ -138,7 +138,7 @@ def _pool(ctx: ImportContext, x: Instruction, mode: str, include_pad: bool | Non
         raise ctx.error(f"kernel_shape {list(kernel)} does not match input rank {x.shape.ndim}")
     if any(n < 1 for n in kernel):
         raise ctx.error(f"kernel_shape must be positive, got {list(kernel)}")
-    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    strides, dilations = per_spatial(ctx, "strides", k), per_spatial(ctx, "dilations", k)
     pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
     if ctx.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER") and mode == "average":
         count_include_pad = False
