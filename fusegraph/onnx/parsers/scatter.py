@@ -177,3 +177,32 @@ def parse_tensor_scatter(ctx: ImportContext, ins: list[Instruction | None]) -> I
     safe = ctx.add(pw.Where(), ctx.broadcast(inside, row, ctx.literal(np.array(0, np.int64))))
     taken = ctx.add(GatherElements(axis), [update, ctx.add(v.MultiBroadcast(past.shape.lens), [safe])])
     return ctx.add(pw.Where(), ctx.broadcast(inside, taken, past))
+
+
+@onnx_op("MaxUnpool")
+def parse_max_unpool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """X scattered into zeros at its flat indices I (over the whole output, as MaxPool's Indices
+    count them), the output's shape the pooling's inverse. Like the other scatters it needs the
+    indices at import; a later write to the same element wins, as in ONNX Runtime. An
+    output_shape other than that shape is refused: ONNX's reference pads the unpooled result to
+    it, ONNX Runtime indexes the larger output, and the two disagree."""
+    x = ins[0]
+    assert x is not None
+    k = x.shape.ndim - 2
+    kernel = list(ctx.attr("kernel_shape", []))
+    strides, pads = list(ctx.attr("strides", [1] * k)), list(ctx.attr("pads", [0] * 2 * k))
+    if k < 1 or len(kernel) != k or len(strides) != k or len(pads) != 2 * k:
+        raise ctx.error(f"kernel_shape {kernel}, strides {strides} and pads {pads} do not fit input {list(x.shape.lens)}")
+    shape = [*x.shape.lens[:2], *((n - 1) * s - pads[d] - pads[d + k] + kk for d, (n, s, kk)
+                                  in enumerate(zip(x.shape.lens[2:], strides, kernel)))]
+    if len(ins) > 2 and ins[2] is not None:
+        given = [int(d) for d in ctx.require_const(ins[2], "output_shape").reshape(-1)]
+        if given != shape:
+            raise ctx.error(f"output_shape {given} other than the unpooled shape {shape} is not supported "
+                            "(ONNX's reference pads the unpooled result, ONNX Runtime indexes the larger output)")
+    idx = _indices(ctx, ins[1])
+    total = int(np.prod(shape))
+    if len(shape) != x.shape.ndim or idx.shape != x.shape.lens or (idx.size and (idx.min() < 0 or idx.max() >= total)):
+        raise ctx.error(f"indices {list(idx.shape)} must match X {list(x.shape.lens)} and lie in an output of {shape}")
+    zeros = ctx.add(v.MultiBroadcast(shape), [ctx.literal(np.zeros((), x.shape.dtype.numpy))])
+    return scatter(ctx, zeros, x, idx.reshape(-1), reduction="none")
