@@ -21,7 +21,7 @@ from fusegraph.ops import views as v
 from fusegraph.ops.anchors import window_out_len
 from fusegraph.ops.gather import GatherElements
 from fusegraph.onnx.context import ImportContext, onnx_op
-from fusegraph.onnx.parsers.grid_sample import PointwiseMath
+from fusegraph.onnx.parsers.grid_sample import PointwiseMath, fetch_tap
 from fusegraph.onnx.parsers.nn import channel_bias, matmul, per_spatial
 
 
@@ -84,9 +84,10 @@ def _sampled(ctx: ImportContext, x: Instruction, offset: Instruction, mask: Inst
     zero = ctx.literal(np.zeros((), x.shape.dtype.numpy))
     total = None
     for (row, wr), (col, wc) in itertools.product(*per_axis):
-        inside = mth("logical_and", mth("logical_and", mth("greater_or_equal", row, 0.0), mth("less_or_equal", row, h - 1.0)),
-                     mth("logical_and", mth("greater_or_equal", col, 0.0), mth("less_or_equal", col, wd - 1.0)))
-        flat = mth("add", mth("mul", mth("clip", row, 0.0, h - 1.0), float(wd)), mth("clip", col, 0.0, wd - 1.0))
+        (row, row_in), (col, col_in) = fetch_tap(mth, row, h, "zeros", True), fetch_tap(mth, col, wd, "zeros", True)
+        assert row_in is not None and col_in is not None  # zeros padding says where
+        inside = mth("logical_and", row_in, col_in)
+        flat = mth("add", mth("mul", row, float(wd)), col)
         index = ctx.add(v.Reshape([n, groups, 1, q]), [ctx.convert(flat, DType.int64)])
         value = ctx.add(GatherElements(3), [data, ctx.add(v.MultiBroadcast([n, groups, c // groups, q]), [index])])
         weight = mth("mul", wr, wc) if scale is None else mth("mul", mth("mul", wr, wc), scale)
@@ -95,3 +96,4 @@ def _sampled(ctx: ImportContext, x: Instruction, offset: Instruction, mask: Inst
         total = value if total is None else mth("add", total, value)
     assert total is not None
     return ctx.add(v.Reshape([n, c, q]), [total])
+

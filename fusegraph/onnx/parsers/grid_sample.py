@@ -90,7 +90,8 @@ def _taps(m: PointwiseMath, x: Instruction, mode: str) -> list[tuple[Instruction
             (m("add", f, 2.0), keys(m("sub", 2.0, t)))]
 
 
-def _fetch(m: PointwiseMath, i: Instruction, n: int, padding: str, align: bool) -> tuple[Instruction, Instruction | None]:
+def fetch_tap(m: PointwiseMath, i: Instruction, n: int, padding: str,
+              align: bool) -> tuple[Instruction, Instruction | None]:
     """The in-range pixel a tap index reads, and (zeros padding) whether it lies inside."""
     if padding == "reflection":
         lo, hi = (0.0, n - 1.0) if align else (-0.5, n - 0.5)
@@ -127,7 +128,7 @@ def parse_grid_sample(ctx: ImportContext, ins: list[Instruction | None]) -> Inst
     for combo in itertools.product(*per_axis):
         flat, weight, inside = None, None, None
         for d, (i, w) in enumerate(combo):
-            pixel, ok = _fetch(m, i, dims[d], padding, align)
+            pixel, ok = fetch_tap(m, i, dims[d], padding, align)
             term = m("mul", pixel, float(strides[d]))
             flat = term if flat is None else m("add", flat, term)
             weight = w if weight is None else (weight if w is None else m("mul", weight, w))

@@ -4,7 +4,8 @@ The minors of the last k rows are indexed by their column sets; each level's min
 sets of k columns at once, are sums of k products of a row element (a Gather by constant
 column indices) and a minor of the level below (a Gather by constant set indices), signs
 alternating: two gathers, a product and a sum per level, with n * 2^(n-1) products per
-matrix in all, fine for the small matrices Det is used on and refused above `MAX_ORDER`. Half inputs are expanded in float32 and converted back once.
+matrix in all, fine for the small matrices Det is used on and refused above `MAX_ORDER`.
+Half inputs are expanded in float32 and converted back once.
 """
 
 from __future__ import annotations
