@@ -5,8 +5,8 @@ given for it (per offset group), bilinearly: four GatherElements at run-time fla
 corners outside the input reading zero, as GridSample's zeros padding does; the optional mask
 scales each tap. The sampled columns [N, C, kH*kW, oH*oW] then meet the weights in one
 batched product per group (the im2col form of a convolution), and the bias is added per
-channel. Sampling and product are ops both targets already run; 2-d inputs only, as in
-ONNX's reference and ONNX Runtime.
+channel. Sampling and product are ops both targets already run; 2-d inputs only (ONNX's
+reference implements no other).
 """
 
 from __future__ import annotations
@@ -96,4 +96,3 @@ def _sampled(ctx: ImportContext, x: Instruction, offset: Instruction, mask: Inst
         total = value if total is None else mth("add", total, value)
     assert total is not None
     return ctx.add(v.Reshape([n, c, q]), [total])
-

@@ -299,7 +299,6 @@ def parse_range(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
     return ctx.literal(np.arange(start, limit, delta).astype(start.dtype))
 
 
-
 @onnx_op("NonZero")
 def parse_non_zero(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     """The coordinates [rank, count] of the nonzero elements: their number sets the output's

@@ -389,10 +389,9 @@ def _batch_statistics(ctx: ImportContext, x: Instruction, mean: Instruction,
     """Training mode: the batch's per-channel mean and (biased) variance, and the running
     statistics momentum * given + (1 - momentum) * batch's, in the given statistics' type."""
     batch_mean, _, batch_var = _moments(ctx, x, [a for a in range(x.shape.ndim) if a != 1])
-    momentum = ctx.attr("momentum", 0.9)
+    momentum, kind = ctx.attr("momentum", 0.9), x.shape.dtype.numpy
     running = []
     for given, batch in ((mean, batch_mean), (var, batch_var)):
-        kind = x.shape.dtype.numpy
         flat = ctx.add(v.Reshape(given.shape.lens), [batch])
         kept = binary(ctx, "mul", ctx.convert(given, x.shape.dtype), ctx.literal(np.array(momentum, kind)))
         moved = binary(ctx, "mul", flat, ctx.literal(np.array(1 - momentum, kind)))
