@@ -152,8 +152,9 @@ class Resize(Op):
         if mode == "pytorch_half_pixel":
             return (o + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(o)
         if mode == "align_corners":
-            # ONNX (and ONNX Runtime) use the unrounded resized length in_len * scale here
-            resized = in_len * scale
+            # ONNX (and ONNX Runtime) use the unrounded resized length in_len * scale here;
+            # ONNX Runtime's antialiased resize uses the output's length
+            resized = out_len if self.antialias else in_len * scale
             return o * (in_len - 1) / (resized - 1) if resized != 1 else np.zeros_like(o)
         if mode == "asymmetric":
             return o / scale

@@ -57,12 +57,15 @@ def test_gpu_returned_bufferless_views():
 
 
 @pytest.mark.parametrize("scales", [[1, 1, 0.6, 0.45], [1, 1, 0.5, 1.5]], ids=["down", "mixed"])
+@pytest.mark.parametrize("coord", MODES)
 @pytest.mark.parametrize("mode", ["linear", "cubic"])
-def test_antialias(mode, scales):
-    """A downscale's filter widens by 1/scale (8 taps at 0.45 for cubic); upscaled axes keep theirs."""
+def test_antialias(mode, coord, scales):
+    """A downscale's filter widens by 1/scale (8 taps at 0.45 for cubic); upscaled axes keep
+    theirs; align_corners maps the ends of the output's own length, as ONNX Runtime does here."""
     rng = np.random.default_rng()
     x = rng.standard_normal((1, 2, 9, 11)).astype(np.float32)
-    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, antialias=1)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, antialias=1, coordinate_transformation_mode=coord,
+                            exclude_outside=int(coord == "asymmetric"))
     check_ref(model_of([node], {"x": x}, ["y"], {"s": np.array(scales, np.float32)}, opset=19), {"x": x},
               rtol=1e-4, atol=1e-5)
 
