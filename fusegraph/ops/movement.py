@@ -242,7 +242,8 @@ class Resize(Op):
         w = self._filter((idx - c[:, None]) * scale)
         if self.exclude_outside:
             w = np.where((idx >= 0) & (idx < n), w, 0.0)
-        w = w / w.sum(axis=1, keepdims=True)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)  # no tap inside: a crop's extrapolated position
         idx = np.clip(idx, 0, n - 1)
         return [(idx[:, k], w[:, k]) for k in range(idx.shape[1])]
 

@@ -70,9 +70,9 @@ def test_antialias(mode, coord, scales):
               rtol=1e-4, atol=1e-5)
 
 
-def crop_case(rng, mode: str, roi, sizes, axes=None, extrapolation_value=0.0):
+def crop_case(rng, mode: str, roi, sizes, axes=None, extrapolation_value=0.0, **attrs):
     x = rng.standard_normal((1, 2, 5, 6)).astype(np.float32)
-    extra = {"axes": axes} if axes else {}
+    extra = {"axes": axes, **attrs} if axes else attrs
     node = helper.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], mode=mode, extrapolation_value=extrapolation_value,
                             coordinate_transformation_mode="tf_crop_and_resize", **extra)
     inits = {"roi": np.array(roi, np.float32), "sizes": np.array(sizes, np.int64)}
@@ -82,13 +82,15 @@ def crop_case(rng, mode: str, roi, sizes, axes=None, extrapolation_value=0.0):
 CROPS = [("linear", [0, 0, 0.2, 0.1, 1, 1, 0.9, 0.7], [1, 2, 4, 7], None),
          ("cubic", [0, 0, -0.3, 0.4, 1, 1, 0.8, 1.6], [1, 2, 6, 3], None),  # extrapolates on both axes
          ("nearest", [0.1, 0.5, 0.9, 1.2], [4, 1], [3, 2]),  # axes in reverse, one output row
-         ("linear", [0.25, 0.75], [4], [3])]
+         ("linear", [0.25, 0.75], [4], [3]),
+         ("cubic", [0, 0, -0.9, 0.4, 1, 1, 0.8, 2.5], [1, 2, 6, 5], None)]  # windows wholly outside
 
 
 @pytest.mark.parametrize("mode,roi,sizes,axes", CROPS)
 def test_tf_crop_and_resize(mode, roi, sizes, axes):
-    check_ref(*crop_case(np.random.default_rng(), mode, roi, sizes, axes, extrapolation_value=-7.5),
-              rtol=1e-4, atol=1e-5)
+    """Cubic windows renormalized over the taps inside (exclude_outside) too."""
+    check_ref(*crop_case(np.random.default_rng(), mode, roi, sizes, axes, extrapolation_value=-7.5,
+                         exclude_outside=int(mode == "cubic")), rtol=1e-4, atol=1e-5)
 
 
 @needs_gpu_target
