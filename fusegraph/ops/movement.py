@@ -105,10 +105,13 @@ class Pad(Op):
 
 @register
 class Resize(Op):
-    """Nearest or (multi)linear resize of every axis to `out_lens`.
+    """Nearest, (multi)linear or cubic resize of every axis to `out_lens`.
 
     `scales` are the factors the coordinate transform uses (ONNX uses the given scales, not
-    out/in, when scales were given), one per axis.
+    out/in, when scales were given), one per axis. `roi` ((start, end) per axis, as fractions of
+    the input) is read by the tf_crop_and_resize transform, which writes `extrapolation_value`
+    where a coordinate falls outside the input. `antialias` widens a linear or cubic filter by
+    the inverse of a downscaling factor, so every input element contributes.
     """
 
     name = "resize"
@@ -116,20 +119,26 @@ class Resize(Op):
 
     def __init__(self, out_lens: Sequence[int], scales: Sequence[float], mode: str = "nearest",
                  coordinate_transformation_mode: str = "half_pixel", nearest_mode: str = "round_prefer_floor",
-                 cubic_coeff_a: float = -0.75, exclude_outside: bool = False) -> None:
+                 cubic_coeff_a: float = -0.75, exclude_outside: bool = False, antialias: bool = False,
+                 roi: Sequence[tuple[float, float]] = (), extrapolation_value: float = 0.0) -> None:
         super().__init__(out_lens=tuple(int(x) for x in out_lens), scales=tuple(float(s) for s in scales), mode=mode,
                          coordinate_transformation_mode=coordinate_transformation_mode, nearest_mode=nearest_mode,
-                         cubic_coeff_a=float(cubic_coeff_a), exclude_outside=bool(exclude_outside))
+                         cubic_coeff_a=float(cubic_coeff_a), exclude_outside=bool(exclude_outside),
+                         antialias=bool(antialias), roi=tuple((float(a), float(b)) for a, b in roi),
+                         extrapolation_value=float(extrapolation_value))
 
     def attr_text(self) -> str:
         text = f"mode={self.mode},out_lens={{{','.join(map(str, self.out_lens))}}}"
         text += f",coordinate_transformation_mode={self.coordinate_transformation_mode}"
+        text += ",antialias=1" if self.antialias else ""
         return text + (f",nearest_mode={self.nearest_mode}" if self.mode == "nearest" else "")
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         (x,) = inputs
         require(len(self.out_lens) == x.ndim, f"resize needs {x.ndim} output sizes, got {len(self.out_lens)}")
         require(self.mode in ("nearest", "linear", "cubic"), f"unknown resize mode {self.mode!r}")
+        require(self.coordinate_transformation_mode != "tf_crop_and_resize" or len(self.roi) == x.ndim,
+                f"tf_crop_and_resize needs a roi for each of the {x.ndim} axes, got {len(self.roi)}")
         return Shape.of(x.dtype, self.out_lens)
 
     def source_coords(self, axis: int, in_len: int) -> np.ndarray:
@@ -143,8 +152,9 @@ class Resize(Op):
         if mode == "pytorch_half_pixel":
             return (o + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(o)
         if mode == "align_corners":
-            # ONNX (and ONNX Runtime) use the unrounded resized length in_len * scale here
-            resized = in_len * scale
+            # ONNX (and ONNX Runtime) use the unrounded resized length in_len * scale here;
+            # ONNX Runtime's antialiased resize uses the output's length
+            resized = out_len if self.antialias else in_len * scale
             return o * (in_len - 1) / (resized - 1) if resized != 1 else np.zeros_like(o)
         if mode == "asymmetric":
             return o / scale
@@ -153,7 +163,29 @@ class Resize(Op):
             center = in_len / 2
             offset = center * (1 - adj)
             return offset + (o + 0.5) / scale - 0.5
+        if mode == "tf_crop_and_resize":
+            # in float32 and in ONNX Runtime's order: whether a coordinate at the input's edge
+            # lands inside (and so is not extrapolated) depends on the rounding
+            lo, hi = np.float32(self.roi[axis][0]), np.float32(self.roi[axis][1])
+            last = np.float32(in_len - 1)
+            if out_len == 1:
+                return np.full(1, (lo + hi) * np.float32(0.5) * last, np.float64)
+            of = o.astype(np.float32)
+            return (lo * last + of * (hi - lo) * last / np.float32(out_len - 1)).astype(np.float64)
         raise ValueError(f"unsupported coordinate_transformation_mode {mode!r}")
+
+    def resizes(self, axis: int, in_len: int) -> bool:
+        """Whether the output along `axis` differs from the input (else the axis is copied)."""
+        crops = self.coordinate_transformation_mode == "tf_crop_and_resize" and self.roi[axis] != (0.0, 1.0)
+        return self.out_lens[axis] != in_len or self.scales[axis] != 1.0 or crops
+
+    def outside(self, axis: int, in_len: int) -> np.ndarray | None:
+        """Which output positions along `axis` read outside the input and so take
+        `extrapolation_value` (tf_crop_and_resize only; None for the other transforms)."""
+        if self.coordinate_transformation_mode != "tf_crop_and_resize":
+            return None
+        c = self.source_coords(axis, in_len)
+        return (c < 0) | (c > in_len - 1)
 
     def nearest_index(self, c: np.ndarray, n: int) -> np.ndarray:
         """The input index a nearest resize reads at each source coordinate `c` along an axis of `n`."""
@@ -172,13 +204,13 @@ class Resize(Op):
 
     def input_map(self, in_lens: Sequence[int], out_lens: Sequence[int]) -> IndexMap | None:
         """A nearest-neighbour resize by integer factors reads input index `o // k`: a view.
-        Other resizes compute, and have no map."""
-        if self.mode != "nearest":
+        Other resizes compute (or extrapolate), and have no map."""
+        if self.mode != "nearest" or self.coordinate_transformation_mode == "tf_crop_and_resize":
             return None
         vars_ = reshape_map(out_lens, out_lens).out_vars
         exprs: list[Expr] = []
         for axis, (n, o) in enumerate(zip(in_lens, out_lens)):
-            picks = self.nearest_index(self.source_coords(axis, n), n) if (o != n or self.scales[axis] != 1.0) else np.arange(n)
+            picks = self.nearest_index(self.source_coords(axis, n), n) if self.resizes(axis, n) else np.arange(n)
             if o % n == 0 and np.array_equal(picks, np.arange(o) // (o // n)):
                 exprs.append(vars_[axis] // (o // n))
             elif n == 1:
@@ -187,44 +219,48 @@ class Resize(Op):
                 return None
         return IndexMap(vars_, exprs, in_lens)
 
-    def cubic_weights(self, t: np.ndarray) -> np.ndarray:
-        """The weights of the 4 taps at floor(c) - 1 .. floor(c) + 2, for fractional parts `t`."""
-        a = self.cubic_coeff_a
-        d = np.stack([t + 1, t, 1 - t, 2 - t], axis=-1)
+    def _filter(self, d: np.ndarray) -> np.ndarray:
+        """The linear (support 1) or cubic (support 2, coefficient a) kernel at distances `d`."""
         ad = np.abs(d)
+        if self.mode == "linear":
+            return np.maximum(0.0, 1 - ad)
+        a = self.cubic_coeff_a
         return np.where(ad <= 1, ((a + 2) * ad - (a + 3)) * ad * ad + 1,
                         np.where(ad < 2, ((a * ad - 5 * a) * ad + 8 * a) * ad - 4 * a, 0.0))
+
+    def taps(self, axis: int, n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """(input index, weight) of each tap, per output position along `axis`: one unweighted
+        tap (nearest), else the filter's window around each source coordinate, its weights
+        normalized to sum to one and its indices clamped to the input (edge padding)."""
+        c = self.source_coords(axis, n)
+        if self.mode == "nearest":
+            return [(self.nearest_index(c, n), None)]
+        scale = min(self.scales[axis], 1.0) if self.antialias else 1.0
+        support = 1 if self.mode == "linear" else 2
+        start = math.floor(-support / scale) + 1
+        idx = np.floor(c).astype(np.int64)[:, None] + np.arange(start, 2 - start)[None, :]
+        w = self._filter((idx - c[:, None]) * scale)
+        if self.exclude_outside:
+            w = np.where((idx >= 0) & (idx < n), w, 0.0)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)  # no tap inside: a crop's extrapolated position
+        idx = np.clip(idx, 0, n - 1)
+        return [(idx[:, k], w[:, k]) for k in range(idx.shape[1])]
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         x = args[0]
         y = x.astype(np.float64) if self.mode != "nearest" else x
         for axis in range(x.ndim):
             n = x.shape[axis]
-            if self.out_lens[axis] == n and self.scales[axis] == 1.0:
+            if not self.resizes(axis, n):
                 continue
-            c = self.source_coords(axis, n)
-            if self.mode == "nearest":
-                y = np.take(y, self.nearest_index(c, n), axis=axis)
-                continue
-            if self.mode == "linear":
-                c = np.clip(c, 0, n - 1)
-                i0 = np.floor(c).astype(np.int64)
-                i1 = np.minimum(i0 + 1, n - 1)
-                t = c - i0
-                shape = [1] * x.ndim
-                shape[axis] = -1
-                t = t.reshape(shape)
-                y = np.take(y, i0, axis=axis) * (1 - t) + np.take(y, i1, axis=axis) * t
-                continue
-            f = np.floor(c)
-            w = self.cubic_weights(c - f)
-            idx = f.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
-            if self.exclude_outside:
-                w = np.where((idx >= 0) & (idx < n), w, 0.0)
-                w = w / w.sum(axis=1, keepdims=True)
-            idx = np.clip(idx, 0, n - 1)
-            moved = np.moveaxis(y, axis, -1)
-            y = np.moveaxis((moved[..., idx] * w).sum(axis=-1), -1, axis)
+            shape = [-1 if d == axis else 1 for d in range(x.ndim)]
+            parts = [np.take(y, i, axis=axis) * (1 if w is None else w.reshape(shape)) for i, w in self.taps(axis, n)]
+            y = sum(parts[1:], parts[0])
+        for axis in range(x.ndim):
+            out = self.outside(axis, x.shape[axis])
+            if out is not None:
+                y = np.where(out.reshape([-1 if d == axis else 1 for d in range(x.ndim)]), self.extrapolation_value, y)
         return np.asarray(y).astype(x.dtype)
 
 

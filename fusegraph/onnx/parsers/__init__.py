@@ -1,4 +1,5 @@
 """One small parser per ONNX op; importing this package registers them all."""
 
-from fusegraph.onnx.parsers import (attention, cumulative, einsum, elementwise, gather, generators, grid_sample,  # noqa: F401
-                                    integer_ops, layout, loss, nn, quantize, scatter, selection)
+from fusegraph.onnx.parsers import (attention, cumulative, deform_conv, einsum, elementwise, gather,  # noqa: F401
+                                    generators, grid_sample, integer_ops, layout, linalg, loss, nn, quantize,
+                                    scatter, selection)

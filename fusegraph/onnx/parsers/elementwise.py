@@ -267,34 +267,3 @@ def parse_dropout(ctx: ImportContext, ins: list[Instruction | None]) -> list[Ins
                         "except with ratio 0, which drops nothing")
     mask = ctx.add(make_op("multibroadcast", out_lens=x.shape.lens), [ctx.literal(np.array(True))])
     return [x, mask]
-
-
-@onnx_op("BatchNormalization")
-def parse_batch_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    """Inference only: normalize with the given mean and variance. Before opset 7 `is_test=1` says
-    so (0 asks for batch statistics); before opset 9 `spatial=0` gives each element of [C, D1, ...]
-    its own parameters instead of each channel."""
-    from fusegraph.ops.views import Reshape
-
-    x, scale, bias, mean, var = ins[:5]
-    assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
-    if ctx.attr("training_mode", 0):
-        raise ctx.error("training_mode=1 is not supported (fusegraph compiles for inference)")
-    if ctx.opset < 7 and not ctx.attr("is_test", 0):
-        raise ctx.error("is_test=0 (training: statistics of the batch) is not supported "
-                        "(fusegraph compiles for inference; export with is_test=1)")
-    if x.shape.ndim < 2:
-        raise ctx.error(f"input must be [N, C, ...], got rank {x.shape.ndim}")
-    c = x.shape.lens[1]
-    if ctx.opset < 9 and not ctx.attr("spatial", 1):
-        lens, what = list(x.shape.lens[1:]), f"the input's {list(x.shape.lens[1:])} (spatial=0)"
-    else:
-        lens, what = [c] + [1] * (x.shape.ndim - 2), f"{c} channels"
-    params = []
-    for p in (scale, bias, mean, var):
-        if p.shape.elements != prod(lens):
-            raise ctx.error(f"parameter of shape {list(p.shape.lens)} does not match {what}")
-        p = ctx.convert(p, x.shape.dtype)
-        params.append(ctx.add(Reshape(lens), [p]))
-    xs = ctx.broadcast(x, *params)
-    return ctx.add(pw.BatchNorm(ctx.attr("epsilon", 1e-5)), xs)

@@ -29,7 +29,7 @@ from fusegraph.onnx.parsers.elementwise import binary
 CUBIC_A = -0.75
 
 
-class _Math:
+class PointwiseMath:
     """Pointwise ops on broadcast operands; numbers become scalar literals of one float type."""
 
     def __init__(self, ctx: ImportContext, dtype: DType) -> None:
@@ -45,7 +45,7 @@ class _Math:
         return self.ctx.convert(self.ctx.convert(x, DType.int64), self.dtype)
 
 
-def _reflect(m: _Math, x: Instruction, lo: float, hi: float) -> Instruction:
+def _reflect(m: PointwiseMath, x: Instruction, lo: float, hi: float) -> Instruction:
     """x reflected by the near border until it lies in [lo, hi] (onnx's _gs_reflect)."""
     span = hi - lo
     below, above = m("less", x, lo), m("greater", x, hi)
@@ -57,7 +57,7 @@ def _reflect(m: _Math, x: Instruction, lo: float, hi: float) -> Instruction:
     return m("where", below, m("where", even, up, down), m("where", above, m("where", even, down, up), x))
 
 
-def _coordinate(m: _Math, g: Instruction, n: int, mode: str, padding: str, align: bool) -> Instruction:
+def _coordinate(m: PointwiseMath, g: Instruction, n: int, mode: str, padding: str, align: bool) -> Instruction:
     lo, hi = (0.0, n - 1.0) if align else (-0.5, n - 0.5)
     x = m("mul", m("add", g, 1.0), (n - 1) / 2.0) if align else m("div", m("sub", m("mul", m("add", g, 1.0), float(n)), 1.0), 2.0)
     if mode == "nearest":
@@ -69,7 +69,7 @@ def _coordinate(m: _Math, g: Instruction, n: int, mode: str, padding: str, align
     return x
 
 
-def _taps(m: _Math, x: Instruction, mode: str) -> list[tuple[Instruction, Instruction | None]]:
+def _taps(m: PointwiseMath, x: Instruction, mode: str) -> list[tuple[Instruction, Instruction | None]]:
     """(pixel index, weight) of each tap along one axis; indices are whole numbers as floats."""
     if mode == "nearest":
         return [(m.trunc(x), None)]
@@ -90,7 +90,8 @@ def _taps(m: _Math, x: Instruction, mode: str) -> list[tuple[Instruction, Instru
             (m("add", f, 2.0), keys(m("sub", 2.0, t)))]
 
 
-def _fetch(m: _Math, i: Instruction, n: int, padding: str, align: bool) -> tuple[Instruction, Instruction | None]:
+def fetch_tap(m: PointwiseMath, i: Instruction, n: int, padding: str,
+              align: bool) -> tuple[Instruction, Instruction | None]:
     """The in-range pixel a tap index reads, and (zeros padding) whether it lies inside."""
     if padding == "reflection":
         lo, hi = (0.0, n - 1.0) if align else (-0.5, n - 0.5)
@@ -115,7 +116,7 @@ def parse_grid_sample(ctx: ImportContext, ins: list[Instruction | None]) -> Inst
         raise ctx.error("cubic sampling is defined for 2-d inputs only")
     n, c, dims = x.shape.lens[0], x.shape.lens[1], x.shape.lens[2:]
     points = math.prod(grid.shape.lens[1:-1])
-    m = _Math(ctx, grid.shape.dtype if grid.shape.dtype.is_float else DType.float32)
+    m = PointwiseMath(ctx, grid.shape.dtype if grid.shape.dtype.is_float else DType.float32)
     flat_grid = ctx.add(v.Reshape([n, 1, points, k]), [ctx.convert(grid, m.dtype)])
     per_axis = []
     for d in range(k):  # input axis 2 + d reads grid component k - 1 - d
@@ -127,7 +128,7 @@ def parse_grid_sample(ctx: ImportContext, ins: list[Instruction | None]) -> Inst
     for combo in itertools.product(*per_axis):
         flat, weight, inside = None, None, None
         for d, (i, w) in enumerate(combo):
-            pixel, ok = _fetch(m, i, dims[d], padding, align)
+            pixel, ok = fetch_tap(m, i, dims[d], padding, align)
             term = m("mul", pixel, float(strides[d]))
             flat = term if flat is None else m("add", flat, term)
             weight = w if weight is None else (weight if w is None else m("mul", weight, w))

@@ -299,6 +299,13 @@ def parse_range(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
     return ctx.literal(np.arange(start, limit, delta).astype(start.dtype))
 
 
+@onnx_op("NonZero")
+def parse_non_zero(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """The coordinates [rank, count] of the nonzero elements: their number sets the output's
+    shape, so the input must be known at import (a constant, or values a caller fixes); a
+    scalar counts as one element, as in ONNX Runtime."""
+    value = ctx.require_const(ins[0], "the input (the output's shape depends on its values)")
+    return ctx.literal(np.array(np.nonzero(np.atleast_1d(value)), dtype=np.int64).reshape(max(value.ndim, 1), -1))
 
 
 @onnx_op("DepthToSpace", "SpaceToDepth")

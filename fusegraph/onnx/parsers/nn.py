@@ -43,7 +43,7 @@ def _window_pads(ctx: ImportContext, spatial: tuple[int, ...], kernel: list[int]
     return begins + ends
 
 
-def _per_spatial(ctx: ImportContext, name: str, k: int) -> list[int]:
+def per_spatial(ctx: ImportContext, name: str, k: int) -> list[int]:
     values = list(ctx.attr(name, [1] * k))
     if len(values) != k:
         raise ctx.error(f"{name} has {len(values)} values, expected {k}")
@@ -52,7 +52,7 @@ def _per_spatial(ctx: ImportContext, name: str, k: int) -> list[int]:
     return values
 
 
-def _channel_bias(ctx: ImportContext, out: Instruction, bias: Instruction) -> Instruction:
+def channel_bias(ctx: ImportContext, out: Instruction, bias: Instruction) -> Instruction:
     """Add a per-channel bias [C] to [N, C, ...]."""
     c = out.shape.lens[1]
     if bias.shape.lens != (c,):
@@ -71,14 +71,14 @@ def parse_conv(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction
     kernel = list(ctx.attr("kernel_shape", w.shape.lens[2:]))
     if tuple(kernel) != w.shape.lens[2:]:
         raise ctx.error(f"kernel_shape {kernel} does not match weights {list(w.shape.lens)}")
-    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    strides, dilations = per_spatial(ctx, "strides", k), per_spatial(ctx, "dilations", k)
     pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
     group = ctx.attr("group", 1)
     if group < 1:
         raise ctx.error(f"group must be positive, got {group}")
     out = ctx.add(anchors.Convolution(pads, strides, dilations, group), [x, w])
     if len(ins) > 2 and ins[2] is not None:
-        out = _channel_bias(ctx, out, ins[2])
+        out = channel_bias(ctx, out, ins[2])
     return out
 
 
@@ -88,7 +88,7 @@ def _transpose_attrs(ctx: ImportContext, x: Instruction, w: Instruction) -> anch
     kernel = list(ctx.attr("kernel_shape", w.shape.lens[2:]))
     if tuple(kernel) != w.shape.lens[2:]:
         raise ctx.error(f"kernel_shape {kernel} does not match weights {list(w.shape.lens)}")
-    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    strides, dilations = per_spatial(ctx, "strides", k), per_spatial(ctx, "dilations", k)
     auto = ctx.check_attr("auto_pad", ctx.attr("auto_pad", "NOTSET"), ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
     pads = list(ctx.attr("pads", [0] * (2 * k)))
     if len(pads) != 2 * k or any(p < 0 for p in pads):
@@ -121,7 +121,7 @@ def parse_conv_transpose(ctx: ImportContext, ins: list[Instruction | None]) -> I
         raise ctx.error(f"input [N, C, spatial...] and weights of its rank expected, got {list(x.shape.lens)} and {list(w.shape.lens)}")
     out = ctx.add(_transpose_attrs(ctx, x, w), [x, w])
     if len(ins) > 2 and ins[2] is not None:
-        out = _channel_bias(ctx, out, ins[2])
+        out = channel_bias(ctx, out, ins[2])
     return out
 
 
@@ -138,7 +138,7 @@ def _pool(ctx: ImportContext, x: Instruction, mode: str, include_pad: bool | Non
         raise ctx.error(f"kernel_shape {list(kernel)} does not match input rank {x.shape.ndim}")
     if any(n < 1 for n in kernel):
         raise ctx.error(f"kernel_shape must be positive, got {list(kernel)}")
-    strides, dilations = _per_spatial(ctx, "strides", k), _per_spatial(ctx, "dilations", k)
+    strides, dilations = per_spatial(ctx, "strides", k), per_spatial(ctx, "dilations", k)
     pads = _window_pads(ctx, x.shape.lens[2:], kernel, strides, dilations)
     if ctx.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER") and mode == "average":
         count_include_pad = False
@@ -151,13 +151,50 @@ def _pool(ctx: ImportContext, x: Instruction, mode: str, include_pad: bool | Non
 
 
 @onnx_op("MaxPool")
-def parse_max_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    assert ctx.node is not None
-    if len(ctx.node.output) > 1 and ctx.node.output[1]:
-        raise ctx.error("the Indices output is not supported")
-    if ctx.attr("storage_order", 0):
-        raise ctx.error("storage_order=1 is not supported")
-    return _pool(ctx, ins[0], "max")  # type: ignore[arg-type]
+def parse_max_pool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction | list[Instruction]:
+    x = ins[0]
+    assert ctx.node is not None and x is not None
+    order = ctx.check_attr("storage_order", ctx.attr("storage_order", 0), [0, 1])
+    pooled = _pool(ctx, x, "max")
+    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+        return pooled
+    return [pooled, _max_indices(ctx, x, pooled, pooled.op, bool(order))]  # type: ignore[arg-type]
+
+
+def _max_indices(ctx: ImportContext, x: Instruction, pooled: Instruction, op: anchors.Pooling,
+                 column_major: bool) -> Instruction:
+    """MaxPool's Indices: the flat input index of each window's max, the first in the window's
+    row-major order on ties, as ONNX Runtime picks it. Each tap of the window is a strided slice
+    of the input padded with the lowest value, and its input positions are constants; visiting
+    the taps last to first, where(tap == max, its index, the index so far) ends at the first
+    equal tap. The spatial index is row- or column-major (`storage_order`); the channel's
+    offset is added last."""
+    k = len(op.lengths)
+    spatial = x.shape.lens[2:]
+    out = op.out_spatial(spatial)
+    reach = [(o - 1) * s + d * (n - 1) + 1 for o, s, d, n in zip(out, op.stride, op.dilation, op.lengths)]
+    ends = [max(op.padding[i + k], r - spatial[i] - op.padding[i]) for i, r in enumerate(reach)]
+    pads = [0, 0, *op.padding[:k], 0, 0, *ends]
+    dtype = x.shape.dtype
+    low = -np.inf if dtype.is_float else float(np.iinfo(dtype.numpy).min)
+    padded = ctx.add(movement.Pad(pads, "constant", low), [x]) if any(pads) else x
+    flat = np.arange(prod(spatial), dtype=np.int64)
+    positions = flat.reshape(spatial[::-1]).T if column_major else flat.reshape(spatial)
+    positions = np.pad(positions, [(pads[2 + i], pads[4 + k + i]) for i in range(k)], constant_values=-1)
+    chosen = None
+    for tap in reversed(list(np.ndindex(*op.lengths))):
+        starts = [t * d for t, d in zip(tap, op.dilation)]
+        stops = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, op.stride)]
+        at = ctx.literal(np.ascontiguousarray(positions[tuple(map(slice, starts, stops, op.stride))]))
+        if chosen is None:
+            chosen = at
+            continue
+        value = ctx.add(v.Slice(range(2, 2 + k), starts, stops, op.stride), [padded])
+        chosen = ctx.add(pw.Where(), ctx.broadcast(binary(ctx, "equal", value, pooled), at, chosen))
+    assert chosen is not None
+    n, c = x.shape.lens[:2]
+    offsets = (np.arange(n * c, dtype=np.int64) * prod(spatial)).reshape(n, c, *[1] * k)
+    return binary(ctx, "add", chosen, ctx.literal(offsets))
 
 
 @onnx_op("AveragePool")
@@ -268,13 +305,18 @@ def parse_softmax(ctx: ImportContext, ins: list[Instruction | None]) -> Instruct
     return ctx.add(v.Reshape(x.shape.lens), [out])
 
 
+def _moments(ctx: ImportContext, x: Instruction, axes: list[int]) -> tuple[Instruction, Instruction, Instruction]:
+    """The mean over `axes`, x - mean and the (biased) variance, statistics kept as length-1 dims."""
+    mean = ctx.add(make_op("reduce_mean", axes=axes), [x])
+    centered = binary(ctx, "sub", x, mean)
+    return mean, centered, ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [centered, centered])])
+
+
 def _standardize(ctx: ImportContext, x: Instruction, axes: list[int],
                  epsilon: float) -> tuple[Instruction, Instruction, Instruction]:
     """(x - mean) / sqrt(var + epsilon) over `axes`, with the mean and 1 / sqrt(var + epsilon)
     (kept as length-1 dims): the core of the normalizations without an op of their own."""
-    mean = ctx.add(make_op("reduce_mean", axes=axes), [x])
-    centered = binary(ctx, "sub", x, mean)
-    var = ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [centered, centered])])
+    mean, centered, var = _moments(ctx, x, axes)
     eps = ctx.literal(np.array(epsilon, x.shape.dtype.numpy))
     inv_std = ctx.add(make_op("recip"), [ctx.add(make_op("sqrt"), [binary(ctx, "add", var, eps)])])
     return binary(ctx, "mul", centered, inv_std), mean, inv_std
@@ -310,6 +352,51 @@ def parse_layer_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instr
         return y
     _, mean, inv_std = _standardize(ctx, ctx.convert(x, stash), list(range(axis, x.shape.ndim)), epsilon)
     return [y, mean, inv_std]
+
+
+@onnx_op("BatchNormalization")
+def parse_batch_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction | list[Instruction]:
+    """Normalize with the given mean and variance. Before opset 7 `is_test=1` says so (0 asks for
+    batch statistics); before opset 9 `spatial=0` gives each element of [C, D1, ...] its own
+    parameters instead of each channel. With training_mode=1 (opset 14) the statistics are the
+    batch's, and the running mean and variance are updated by `momentum` (`_batch_statistics`)."""
+    x, scale, bias, mean, var = ins[:5]
+    assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
+    if ctx.opset < 7 and not ctx.attr("is_test", 0):
+        raise ctx.error("is_test=0 (training: statistics of the batch) is not supported "
+                        "(fusegraph compiles for inference; export with is_test=1)")
+    if x.shape.ndim < 2:
+        raise ctx.error(f"input must be [N, C, ...], got rank {x.shape.ndim}")
+    c = x.shape.lens[1]
+    if ctx.opset < 9 and not ctx.attr("spatial", 1):
+        lens, what = list(x.shape.lens[1:]), f"the input's {list(x.shape.lens[1:])} (spatial=0)"
+    else:
+        lens, what = [c] + [1] * (x.shape.ndim - 2), f"{c} channels"
+    params = []
+    for p in (scale, bias, mean, var):
+        if p.shape.elements != prod(lens):
+            raise ctx.error(f"parameter of shape {list(p.shape.lens)} does not match {what}")
+        params.append(ctx.add(v.Reshape(lens), [ctx.convert(p, x.shape.dtype)]))
+    running: list[Instruction] = []
+    if ctx.check_attr("training_mode", ctx.attr("training_mode", 0), [0, 1]):
+        params[2:], running = _batch_statistics(ctx, x, mean, var)
+    y = ctx.add(pw.BatchNorm(ctx.attr("epsilon", 1e-5)), ctx.broadcast(x, *params))
+    return [y, *running] if running else y
+
+
+def _batch_statistics(ctx: ImportContext, x: Instruction, mean: Instruction,
+                      var: Instruction) -> tuple[list[Instruction], list[Instruction]]:
+    """Training mode: the batch's per-channel mean and (biased) variance, and the running
+    statistics momentum * given + (1 - momentum) * batch's, in the given statistics' type."""
+    batch_mean, _, batch_var = _moments(ctx, x, [a for a in range(x.shape.ndim) if a != 1])
+    momentum, kind = ctx.attr("momentum", 0.9), x.shape.dtype.numpy
+    running = []
+    for given, batch in ((mean, batch_mean), (var, batch_var)):
+        flat = ctx.add(v.Reshape(given.shape.lens), [batch])
+        kept = binary(ctx, "mul", ctx.convert(given, x.shape.dtype), ctx.literal(np.array(momentum, kind)))
+        moved = binary(ctx, "mul", flat, ctx.literal(np.array(1 - momentum, kind)))
+        running.append(ctx.convert(binary(ctx, "add", kept, moved), given.shape.dtype))
+    return [batch_mean, batch_var], running
 
 
 @onnx_op("InstanceNormalization")
@@ -352,9 +439,7 @@ def parse_mvn(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
     assert x is not None
     axes = ctx.axes(ctx.attr("axes", [0, 2, 3]), x.shape.ndim)
-    mean = ctx.add(make_op("reduce_mean", axes=axes), [x])
-    centered = binary(ctx, "sub", x, mean)
-    var = ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [centered, centered])])
+    _, centered, var = _moments(ctx, x, axes)
     std = binary(ctx, "add", ctx.add(make_op("sqrt"), [var]), ctx.literal(np.array(1e-9, x.shape.dtype.numpy)))
     return binary(ctx, "div", centered, std)
 
@@ -461,6 +546,20 @@ def _upsample_1_scales(ctx: ImportContext, x: Instruction) -> list[float]:
     return [1.0, 1.0, float(ctx.attr("height_scale")), float(ctx.attr("width_scale"))]
 
 
+def _resize_roi(ctx: ImportContext, roi_in: Instruction | None, axes: list[int], r: int) -> list[tuple[float, float]]:
+    """(start, end) per axis of a crop-and-resize, from the roi input [starts..., ends...] over
+    `axes`; axes it does not name keep the whole input (0, 1)."""
+    if roi_in is None:
+        raise ctx.error("coordinate_transformation_mode='tf_crop_and_resize' needs the roi input")
+    roi = [float(v) for v in ctx.require_const(roi_in, "roi").reshape(-1)]
+    if len(roi) != 2 * len(axes):
+        raise ctx.error(f"roi has {len(roi)} values for {len(axes)} axes (needs starts and ends)")
+    spans = [(0.0, 1.0)] * r
+    for i, a in enumerate(axes):
+        spans[a] = (roi[i], roi[i + len(axes)])
+    return spans
+
+
 @onnx_op("Resize", "Upsample")
 def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
@@ -479,11 +578,11 @@ def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
         scales_in = ins[2] if len(ins) > 2 else None
         sizes_in = ins[3] if len(ins) > 3 else None
         coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    ctx.check_attr("coordinate_transformation_mode", coord,
-                   ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"])
-    if ctx.attr("antialias", 0):
-        raise ctx.error("antialias=1 is not supported")
+    ctx.check_attr("coordinate_transformation_mode", coord, ["half_pixel", "pytorch_half_pixel", "align_corners",
+                                                             "asymmetric", "half_pixel_symmetric", "tf_crop_and_resize"])
+    ctx.check_attr("antialias", ctx.attr("antialias", 0), [0, 1])
     axes = ctx.axes(ctx.attr("axes", list(range(r))), r)
+    roi = _resize_roi(ctx, ins[1], axes, r) if coord == "tf_crop_and_resize" else []
     policy = ctx.check_attr("keep_aspect_ratio_policy", ctx.attr("keep_aspect_ratio_policy", "stretch"),
                             ["stretch", "not_larger", "not_smaller"])
     scales_v = ctx.require_const(scales_in, "scales") if scales_in is not None else None
@@ -522,8 +621,9 @@ def parse_resize(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
         nearest_mode = "floor"
         if mode == "nearest" and any(s < 1 for s in scales):
             raise ctx.error("nearest downsampling before opset 11 is not supported (its rounding is unspecified)")
-    op = movement.Resize(out, scales, mode, coord, nearest_mode,
-                         ctx.attr("cubic_coeff_a", -0.75), bool(ctx.attr("exclude_outside", 0)))
+    op = movement.Resize(out, scales, mode, coord, nearest_mode, ctx.attr("cubic_coeff_a", -0.75),
+                         bool(ctx.attr("exclude_outside", 0)), bool(ctx.attr("antialias", 0)), roi,
+                         ctx.attr("extrapolation_value", 0.0))
     ctx.check_attr("nearest_mode", op.nearest_mode, ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
     return resample(ctx, x, op)
 

@@ -1,4 +1,5 @@
-"""Parsers of the scatters: ScatterElements (and its old name Scatter) and ScatterND.
+"""Parsers of the scatters: ScatterElements (and its old name Scatter), ScatterND, Col2Im and
+TensorScatter (whose write positions stay run-time values: see its parser).
 
 The indices must be known at import (constants, or input values a caller fixes). Then the
 scatter is a gather seen from the output: each data element learns at import which update
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction
 from fusegraph.ops import make_op
 from fusegraph.ops import pointwise as pw
 from fusegraph.ops import views as v
+from fusegraph.ops.gather import GatherElements
 from fusegraph.ops.movement import Gather
 from fusegraph.onnx.context import ImportContext, onnx_op
 
@@ -140,3 +143,66 @@ def parse_col2im(ctx: ImportContext, ins: list[Instruction | None]) -> Instructi
     dest = np.where(pixel[None, None] >= 0, batch + pixel[None, None], -1).reshape(-1)
     zeros = ctx.add(v.MultiBroadcast([n, c, *image]), [ctx.literal(np.zeros((), x.shape.dtype.numpy))])
     return scatter(ctx, zeros, x, dest, "add")
+
+
+@onnx_op("TensorScatter")
+def parse_tensor_scatter(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """A KV-cache write seen from the cache: position p along `axis` of sample b takes update
+    row s = p - write_indices[b] (modulo the cache length when circular) where 0 <= s < the
+    update's length, else keeps the past value. The write indices stay run-time values: s is
+    int64 pointwise arithmetic, the row a GatherElements of the update at index s."""
+    past, update = ins[0], ins[1]
+    assert past is not None and update is not None
+    r = past.shape.ndim
+    axis = ctx.axis(ctx.attr("axis", -2), r)
+    mode = ctx.check_attr("mode", ctx.attr("mode", "linear"), ["linear", "circular"])
+    size, length = past.shape.lens[axis], update.shape.lens[axis]
+    off_axis = [n for a, n in enumerate(past.shape.lens) if a != axis]
+    if axis == 0 or update.shape.dtype != past.shape.dtype or length > size or \
+            [n for a, n in enumerate(update.shape.lens) if a != axis] != off_axis or update.shape.ndim != r:
+        raise ctx.error(f"update {update.shape.dtype} {list(update.shape.lens)} does not fit cache "
+                        f"{past.shape.dtype} {list(past.shape.lens)} along axis {axis} (not the batch axis 0)")
+    batch = past.shape.lens[0]
+    written = ins[2] if len(ins) > 2 and ins[2] is not None else ctx.literal(np.zeros(batch, np.int64))
+    if written.shape.lens != (batch,):
+        raise ctx.error(f"write_indices {list(written.shape.lens)} must hold one index per sample ({batch})")
+    start = ctx.add(v.Reshape([batch] + [1] * (r - 1)), [ctx.convert(written, DType.int64)])
+    position = ctx.literal(np.arange(size, dtype=np.int64).reshape([size if a == axis else 1 for a in range(r)]))
+    row = ctx.add(make_op("sub"), ctx.broadcast(position, start))
+    if mode == "circular":
+        row = ctx.add(make_op("mod"), ctx.broadcast(row, ctx.literal(np.array(size, np.int64))))
+    inside = ctx.add(make_op("logical_and"), [
+        ctx.add(make_op("greater_or_equal"), ctx.broadcast(row, ctx.literal(np.array(0, np.int64)))),
+        ctx.add(make_op("less"), ctx.broadcast(row, ctx.literal(np.array(length, np.int64))))])
+    safe = ctx.add(pw.Where(), ctx.broadcast(inside, row, ctx.literal(np.array(0, np.int64))))
+    taken = ctx.add(GatherElements(axis), [update, ctx.add(v.MultiBroadcast(past.shape.lens), [safe])])
+    return ctx.add(pw.Where(), ctx.broadcast(inside, taken, past))
+
+
+@onnx_op("MaxUnpool")
+def parse_max_unpool(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
+    """X scattered into zeros at its flat indices I (over the whole output, as MaxPool's Indices
+    count them), the output's shape the pooling's inverse. Like the other scatters it needs the
+    indices at import; a later write to the same element wins, as in ONNX Runtime. An
+    output_shape other than that shape is refused: ONNX's reference pads the unpooled result to
+    it, ONNX Runtime indexes the larger output, and the two disagree."""
+    x = ins[0]
+    assert x is not None
+    k = x.shape.ndim - 2
+    kernel = list(ctx.attr("kernel_shape", []))
+    strides, pads = list(ctx.attr("strides", [1] * k)), list(ctx.attr("pads", [0] * 2 * k))
+    if k < 1 or len(kernel) != k or len(strides) != k or len(pads) != 2 * k:
+        raise ctx.error(f"kernel_shape {kernel}, strides {strides} and pads {pads} do not fit input {list(x.shape.lens)}")
+    shape = [*x.shape.lens[:2], *((n - 1) * s - pads[d] - pads[d + k] + kk for d, (n, s, kk)
+                                  in enumerate(zip(x.shape.lens[2:], strides, kernel)))]
+    if len(ins) > 2 and ins[2] is not None:
+        given = [int(d) for d in ctx.require_const(ins[2], "output_shape").reshape(-1)]
+        if given != shape:
+            raise ctx.error(f"output_shape {given} other than the unpooled shape {shape} is not supported "
+                            "(ONNX's reference pads the unpooled result, ONNX Runtime indexes the larger output)")
+    idx = _indices(ctx, ins[1])
+    total = int(np.prod(shape))
+    if len(shape) != x.shape.ndim or idx.shape != x.shape.lens or (idx.size and (idx.min() < 0 or idx.max() >= total)):
+        raise ctx.error(f"indices {list(idx.shape)} must match X {list(x.shape.lens)} and lie in an output of {shape}")
+    zeros = ctx.add(v.MultiBroadcast(shape), [ctx.literal(np.zeros((), x.shape.dtype.numpy))])
+    return scatter(ctx, zeros, x, idx.reshape(-1), reduction="none")
