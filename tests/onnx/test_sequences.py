@@ -1,5 +1,5 @@
-"""Sequences and optionals read away at import (onnx/parsers/sequences.py, parsers/loop.py,
-onnx/structure.py): small models of each op on fresh random inputs, through the ONNX backend
+"""Sequences and optionals read away at import, and loops unrolled (onnx/parsers/sequences.py,
+parsers/loop.py, onnx/structure.py): small models of each op on fresh random inputs, through the ONNX backend
 (which feeds a sequence input as its elements and puts sequence outputs back together), against
 ONNX Runtime (onnx's reference evaluator holds an empty Optional as [None], so it says it has an
 element), on the reference target unfused and fused and on the gpu target (Triton's interpreter
@@ -160,7 +160,21 @@ def unrolled_loop(rng):
     return model, {"acc": rand(rng, 2), "x": rand(rng, 2)}
 
 
-CASES = [construct_erase_at_concat, insert_into_input, split_to_sequence, sequence_map, optionals, unrolled_loop]
+def unrolled_scan(rng):
+    """A Scan carrying a running sum over rows read backwards from axis 1, its scan output
+    stacked on axis 1."""
+    body = helper.make_graph([helper.make_node("Add", ["sum_in", "row"], ["sum_out"]),
+                              helper.make_node("Mul", ["sum_out", "row"], ["scan"])],
+                             "body", [tensor("sum_in", [2]), tensor("row", [2])],
+                             [tensor("sum_out", [2]), tensor("scan", [2])])
+    node = helper.make_node("Scan", ["init", "x"], ["total", "scans"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1])
+    model = model_of([node], [tensor("init", [2]), tensor("x", [2, 5])], [tensor("total", [2]), tensor("scans", [2, 5])])
+    return model, {"init": rand(rng, 2), "x": rand(rng, 2, 5)}
+
+
+CASES = [construct_erase_at_concat, insert_into_input, split_to_sequence, sequence_map, optionals, unrolled_loop,
+         unrolled_scan]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
@@ -246,3 +260,11 @@ def test_getting_from_an_empty_optional_names_the_node():
              helper.make_node("OptionalGetElement", ["none"], ["y"], name="get")]
     with pytest.raises(ParseError, match=r"node 'get' \(OptionalGetElement\): the optional is empty"):
         parse_onnx(model_of(nodes, [], [tensor("y", [2])]))
+
+
+def test_a_scan_of_opset_8_names_the_node():
+    model, _ = unrolled_scan(np.random.default_rng())
+    model.graph.node[0].name = "scan"
+    model.opset_import[0].version = 8
+    with pytest.raises(ParseError, match=r"node 'scan' \(Scan\): Scan before opset 9"):
+        parse_onnx(model)
