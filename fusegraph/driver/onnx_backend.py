@@ -12,7 +12,10 @@ distinct specialization:
   Slice bounds, reduction axes, resize scales) but is fed as a graph input, as ONNX's node tests
   do, raises `DynamicValueError` naming that input; the rep then fixes the input to the value it
   is run with (as an initializer) and parses again. Such inputs are tensors of a few integers in
-  practice, so specializing on them costs one parse per distinct value.
+  practice, so specializing on them costs one parse per distinct value;
+- sequence and optional inputs: a fed sequence (a list of arrays) binds its length and its
+  elements' shapes, an empty optional (None) its absence (`fusegraph/onnx/structure.py`); a
+  sequence output comes back as a list, an empty optional as None.
 """
 
 from __future__ import annotations
@@ -73,6 +76,21 @@ class FusegraphRep(BackendRep):
         dims.update({k: list(v) for k, v in (overrides or {}).items()})
         return dims
 
+    def _value(self, name: str, x: Any) -> Any:
+        """A fed value as the rep holds it: an array, a list of arrays for a sequence input, or
+        None for an empty optional input."""
+        t = next((i.type for i in self.inputs if i.name == name), None)
+        optional = t is not None and t.HasField("optional_type")
+        if optional:
+            t = t.optional_type.elem_type
+        if x is None and optional:
+            return None
+        if t is None or not t.HasField("sequence_type"):
+            return np.asarray(x)
+        if not isinstance(x, (list, tuple)):
+            raise InputError(f"input {name!r} is a sequence: feed a list of arrays, got {type(x).__name__}")
+        return [np.asarray(e) for e in x]
+
     def structured(self) -> bool:
         """Whether an input is a sequence or an optional, whose structure only a fed value gives."""
         return any(not i.type.HasField("tensor_type") for i in self.inputs)
@@ -120,13 +138,13 @@ class FusegraphRep(BackendRep):
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         if isinstance(inputs, Mapping):
-            feeds = {k: _value(v) for k, v in inputs.items()}
+            feeds = {k: self._value(k, v) for k, v in inputs.items()}
         else:
             values = list(inputs)
             if len(values) != len(self.input_names):
                 raise InputError(f"got {len(values)} inputs, the model expects {len(self.input_names)}: "
                                  f"{', '.join(self.input_names)}")
-            feeds = {n: _value(v) for n, v in zip(self.input_names, values)}
+            feeds = {n: self._value(n, v) for n, v in zip(self.input_names, values)}
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise InputError(f"missing input(s) {', '.join(map(repr, missing))}")
@@ -142,13 +160,6 @@ class FusegraphRep(BackendRep):
             return None if length is None else [results[element_name(name, k)] for k in range(length)]
 
         return namedtupledict("Outputs", self.output_names)(*map(output, self.output_names))
-
-
-def _value(x: Any) -> Any:
-    """A fed value as the rep holds it: an array, a list of arrays (a sequence) or None."""
-    if x is None:
-        return None
-    return [np.asarray(e) for e in x] if isinstance(x, (list, tuple)) else np.asarray(x)
 
 
 class FusegraphBackend(Backend):

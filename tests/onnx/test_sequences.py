@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fusegraph import parse_onnx
 from fusegraph.driver.onnx_backend import FusedFusegraphBackend, FusegraphBackend, GpuFusegraphBackend
-from fusegraph.errors import DynamicValueError, ParseError
+from fusegraph.errors import DynamicValueError, InputError, ParseError
 from tests.ops.oracle import needs_gpu_target
 
 F = TensorProto.FLOAT
@@ -197,6 +197,12 @@ def test_an_empty_optional_input():
     rep = FusegraphBackend.prepare(model)
     assert rep.run({"maybe": None}).has.item() is False
     assert rep.run({"maybe": np.ones(2, np.float32)}).has.item() is True
+
+
+def test_a_sequence_input_fed_a_tensor_names_the_input():
+    model, feeds = insert_into_input(np.random.default_rng())
+    with pytest.raises(InputError, match=r"input 's' is a sequence: feed a list of arrays, got ndarray"):
+        FusegraphBackend.prepare(model).run({"s": feeds["x"], "x": feeds["x"]})
 
 
 def test_graph_inputs_bind_by_element_names():
