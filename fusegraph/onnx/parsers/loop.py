@@ -22,7 +22,9 @@ MAX_ITERATIONS = 4096
 
 
 def _flag(ctx: ImportContext, value: Value, what: str) -> bool:
-    const = ctx.require_const(value if isinstance(value, Instruction) else None, what).reshape(-1)
+    if not isinstance(value, Instruction):
+        raise ctx.error(f"{what} must be a tensor, got {'nothing' if value is None else 'a sequence'}")
+    const = ctx.require_const(value, what).reshape(-1)
     if const.size != 1:
         raise ctx.error(f"{what} must hold one value, got {const.size}")
     return bool(const[0])
@@ -46,6 +48,8 @@ def parse_loop(ctx: ImportContext, ins: list[Value]) -> list[Value]:
     if not isinstance(body, onnx.GraphProto):
         raise ctx.error("missing attribute 'body'")
     trips = ins[0] if ins else None
+    if isinstance(trips, list):
+        raise ctx.error("the trip count must be a tensor, got a sequence")
     count = MAX_ITERATIONS + 1 if trips is None else int(ctx.require_ints(trips, "the trip count")[0])
     going = True if len(ins) < 2 or ins[1] is None else _flag(ctx, ins[1], "the loop condition")
     carried = list(ins[2:])
