@@ -35,11 +35,13 @@ Compiled = Any
 
 
 def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
-               input_dims: Mapping[str, Sequence[int]] | None = None, batch: int | None = None) -> Program:
+               input_dims: Mapping[str, Sequence[int] | None] | None = None, batch: int | None = None) -> Program:
     """Read an ONNX model (path, bytes, ModelProto or zoo name) into a Program.
 
     `input_dims` fixes the dimensions of named inputs, overriding what the model declares;
     dimensions the model leaves symbolic and that are not given default to 1, with a warning.
+    A sequence input's entry is its length (`{"x": [3]}`) and its elements are inputs `x[0]`, ...
+    with entries of their own; an empty optional input's entry is None (fusegraph.onnx.structure).
     `batch` re-batches a model whose inputs have a batch dimension of 1 or a symbolic one
     (fusegraph.onnx.rebatch); an `input_dims` entry of such an input then gives the batch as
     1 (the dimensions of one sample) or as `batch`.
@@ -173,16 +175,20 @@ def _checked_target(target: Any) -> str:
     return target
 
 
-def _checked_dims(input_dims: Any) -> dict[str, list[int]] | None:
-    """`input_dims` as {name: [int, ...]}, or an ArgumentError naming the bad entry."""
+def _checked_dims(input_dims: Any) -> dict[str, list[int] | None] | None:
+    """`input_dims` as {name: [int, ...] or None}, or an ArgumentError naming the bad entry; a
+    sequence input's entry is its length, an empty optional input's None (`onnx/structure.py`)."""
     if input_dims is None:
         return None
     if not isinstance(input_dims, Mapping):
         raise ArgumentError(f"input_dims must be a mapping of input names to dimensions, got {type(input_dims).__name__}")
-    out: dict[str, list[int]] = {}
+    out: dict[str, list[int] | None] = {}
     for name, dims in input_dims.items():
         if not isinstance(name, str):
             raise ArgumentError(f"input_dims: input names must be strings, got {name!r}")
+        if dims is None:  # an empty optional input
+            out[name] = None
+            continue
         if isinstance(dims, (str, bytes)) or not isinstance(dims, (Sequence, np.ndarray)) or not all(
                 isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
             raise ArgumentError(f"input_dims[{name!r}] must be a sequence of non-negative integers, got {dims!r}")

@@ -12,7 +12,10 @@ distinct specialization:
   Slice bounds, reduction axes, resize scales) but is fed as a graph input, as ONNX's node tests
   do, raises `DynamicValueError` naming that input; the rep then fixes the input to the value it
   is run with (as an initializer) and parses again. Such inputs are tensors of a few integers in
-  practice, so specializing on them costs one parse per distinct value.
+  practice, so specializing on them costs one parse per distinct value;
+- sequence and optional inputs: a fed sequence (a list of arrays) binds its length and its
+  elements' shapes, an empty optional (None) its absence (`fusegraph/onnx/structure.py`); a
+  sequence output comes back as a list, an empty optional as None.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 
 from fusegraph import api
 from fusegraph.errors import DynamicValueError, InputError
+from fusegraph.onnx.structure import element_name
 
 Key = tuple[tuple[Any, ...], ...]
+Dims = dict[str, "list[int] | None"]
 
 
 class FusegraphRep(BackendRep):
@@ -49,12 +54,12 @@ class FusegraphRep(BackendRep):
 
     def specialize(self, dims: Mapping[str, Sequence[int]]) -> api.Compiled:
         """Parse the program for input shapes `dims` (every input, by name) and keep it."""
-        key = tuple((tuple(int(d) for d in dims[n]),) for n in self.input_names)
+        key = self._key({}, dims)
         if key not in self._programs:
             self._programs[key] = self._parse(self.model, dims)
         return self._programs[key]
 
-    def _parse(self, model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]) -> api.Compiled:
+    def _parse(self, model: onnx.ModelProto, dims: Mapping[str, Sequence[int] | None]) -> api.Compiled:
         """Parse, fuse when asked, and compile for the rep's target (kernels keep their default
         configs: tuning would cost more than a conformance case runs)."""
         program = api.parse_onnx(model, input_dims=dims)
@@ -71,46 +76,90 @@ class FusegraphRep(BackendRep):
         dims.update({k: list(v) for k, v in (overrides or {}).items()})
         return dims
 
-    def _key(self, feeds: Mapping[str, np.ndarray]) -> Key:
-        return tuple((feeds[n].shape, feeds[n].dtype.str, feeds[n].tobytes()) if n in self.fixed else (feeds[n].shape,)
-                     for n in self.input_names)
+    def _value(self, name: str, x: Any) -> Any:
+        """A fed value as the rep holds it: an array, a list of arrays for a sequence input, or
+        None for an empty optional input."""
+        t = next((i.type for i in self.inputs if i.name == name), None)
+        optional = t is not None and t.HasField("optional_type")
+        if optional:
+            t = t.optional_type.elem_type
+        if x is None and optional:
+            return None
+        if t is None or not t.HasField("sequence_type"):
+            return np.asarray(x)
+        if not isinstance(x, (list, tuple)):
+            raise InputError(f"input {name!r} is a sequence: feed a list of arrays, got {type(x).__name__}")
+        return [np.asarray(e) for e in x]
 
-    def program_for(self, feeds: Mapping[str, np.ndarray]) -> api.Compiled:
-        """The program specialized to `feeds`, parsing it on first use."""
-        while (key := self._key(feeds)) not in self._programs:
+    def structured(self) -> bool:
+        """Whether an input is a sequence or an optional, whose structure only a fed value gives."""
+        return any(not i.type.HasField("tensor_type") for i in self.inputs)
+
+    def flatten(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], Dims]:
+        """The program's input arrays and the dims binding them (`onnx/structure.py`): a fed
+        sequence is its elements, an empty optional (None) nothing."""
+        arrays: dict[str, np.ndarray] = {}
+        dims: Dims = {}
+        for name in self.input_names:
+            value = feeds[name]
+            parts = [] if value is None else [(name, value)] if isinstance(value, np.ndarray) else \
+                [(element_name(name, k), x) for k, x in enumerate(value)]
+            dims[name] = None if value is None else list(value.shape) if isinstance(value, np.ndarray) else [len(value)]
+            for n, x in parts:
+                arrays[n] = x
+                dims[n] = list(x.shape)
+        return arrays, dims
+
+    def _key(self, arrays: Mapping[str, np.ndarray], dims: Dims) -> Key:
+        return tuple((n, None if d is None else tuple(int(x) for x in d),
+                      *((arrays[n].dtype.str, arrays[n].tobytes()) if n in self.fixed else ()))
+                     for n, d in dims.items())
+
+    def program_for(self, arrays: Mapping[str, np.ndarray], dims: Dims) -> api.Compiled:
+        """The program specialized to the fed `arrays` bound by `dims`, parsing it on first use."""
+        while (key := self._key(arrays, dims)) not in self._programs:
             model = self.model
             if self.fixed:
                 model = onnx.ModelProto()
                 model.CopyFrom(self.model)
-                model.graph.initializer.extend(numpy_helper.from_array(feeds[n], n) for n in sorted(self.fixed))
-            dims = {n: list(feeds[n].shape) for n in self.input_names if n not in self.fixed}
+                model.graph.initializer.extend(numpy_helper.from_array(arrays[n], n) for n in sorted(self.fixed))
             try:
-                self._programs[key] = self._parse(model, dims)
+                self._programs[key] = self._parse(model, {n: d for n, d in dims.items() if n not in self.fixed})
             except DynamicValueError as e:
-                new = set(e.inputs) - self.fixed
+                new = set(e.inputs) & set(self.input_names) - self.fixed  # a sequence's elements stay inputs
                 if not new:
                     raise
                 self.fixed |= new
         return self._programs[key]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Run with inputs given as a list (graph input order), a dict by name, or one array."""
+        """Run with inputs given as a list (graph input order), a dict by name, or one array;
+        a sequence is a list of arrays, an empty optional None."""
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         if isinstance(inputs, Mapping):
-            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+            feeds = {k: self._value(k, v) for k, v in inputs.items()}
         else:
             values = list(inputs)
             if len(values) != len(self.input_names):
                 raise InputError(f"got {len(values)} inputs, the model expects {len(self.input_names)}: "
                                  f"{', '.join(self.input_names)}")
-            feeds = {n: np.asarray(v) for n, v in zip(self.input_names, values)}
+            feeds = {n: self._value(n, v) for n, v in zip(self.input_names, values)}
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise InputError(f"missing input(s) {', '.join(map(repr, missing))}")
-        program = self.program_for(feeds)
-        results = api.run(program, {n: feeds[n] for n in program.input_shapes})
-        return namedtupledict("Outputs", self.output_names)(*(results[n] for n in self.output_names))
+        arrays, dims = self.flatten(feeds)
+        program = self.program_for(arrays, dims)
+        results = api.run(program, {n: arrays[n] for n in program.input_shapes})
+        structure = program.source_program.meta.get("structured_outputs", {})
+
+        def output(name: str) -> Any:
+            if name not in structure:
+                return results[name]
+            length = structure[name]
+            return None if length is None else [results[element_name(name, k)] for k in range(length)]
+
+        return namedtupledict("Outputs", self.output_names)(*map(output, self.output_names))
 
 
 class FusegraphBackend(Backend):
@@ -140,6 +189,8 @@ class FusegraphBackend(Backend):
     def _rep(cls, model: onnx.ModelProto, input_dims: Mapping[str, Sequence[int]] | None = None) -> FusegraphRep:
         """A rep with its first program parsed, so that what fusegraph declines surfaces now."""
         rep = cls.rep_class(model, fused=cls.fused)
+        if rep.structured():
+            return rep  # parsed at the first run, whose fed values give the structure
         try:
             rep.specialize(rep.declared_dims(input_dims))
         except DynamicValueError as e:
@@ -206,8 +257,8 @@ class GpuFusegraphRep(FusegraphRep):
 
     target = "gpu"
 
-    def program_for(self, feeds: Mapping[str, np.ndarray]) -> Any:
-        compiled = super().program_for(feeds)
+    def program_for(self, arrays: Mapping[str, np.ndarray], dims: Dims) -> Any:
+        compiled = super().program_for(arrays, dims)
         compiled.poison()
         return compiled
 

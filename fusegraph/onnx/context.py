@@ -9,13 +9,13 @@ the node at fault.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from fusegraph.errors import DynamicValueError, ParseError
+from fusegraph.errors import DynamicValueError, FusegraphError, ParseError
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import Op
@@ -48,14 +48,71 @@ def onnx_dtype(code: int, where: str) -> DType:
         raise ParseError(f"{where}: element type {name} is not supported") from None
 
 
+#: What an ONNX name holds during the import: a tensor is an instruction; a sequence, whose
+#: structure must be known at import, is a list of them; an optional is its value or None (empty).
+Value = Union[Instruction, list[Instruction], None]
+
+
 class ImportContext:
     """Holds the module being built, the ONNX value names and the opset."""
 
     def __init__(self, module: Module, opset: int) -> None:
         self.module = module
         self.opset = opset
-        self.values: dict[str, Instruction] = {}
+        self.values: dict[str, Value] = {}
         self.node: onnx.NodeProto | None = None
+
+    # reading nodes and sub-graphs --------------------------------------------------
+    def import_node(self, node: onnx.NodeProto) -> None:
+        """Parse one node: its inputs from `values`, its outputs into them."""
+        self.node = node
+        args = []
+        for name in node.input:
+            if not name:
+                args.append(None)
+            elif name not in self.values:
+                raise ParseError(f"{self.where}: input {name!r} is not produced by any earlier node or graph input")
+            elif isinstance(self.values[name], list) and op_key(node) not in SEQUENCE_OPS:
+                raise self.error(f"input {name!r} is a sequence; {node.op_type} takes tensors")
+            else:
+                args.append(self.values[name])
+        try:
+            result = PARSERS[op_key(node)](self, args)
+        except FusegraphError:
+            raise
+        except (ValueError, TypeError, IndexError, AssertionError) as e:
+            raise ParseError(f"{self.where}: {e or type(e).__name__}") from None
+        outs = result if isinstance(result, list) else [result]  # a sequence output comes as [list]
+        for name, value in zip(node.output, outs):
+            if name:
+                self.values[name] = value
+        missing = [n for n in node.output[len(outs):] if n]
+        if missing:
+            raise ParseError(f"{self.where}: output(s) {', '.join(missing)} are not supported")
+
+    def read_graph(self, graph: onnx.GraphProto, bindings: Sequence[Value], prefix: str) -> list[Value]:
+        """The outputs of a sub-graph (a branch, a loop or map body) read in place.
+
+        Its inputs are bound to `bindings`, its node names get `prefix`, and its own names are
+        scoped to it: a body read once per element never sees the previous element's values.
+        """
+        outer, node = self.values, self.node
+        self.values = {**outer, **{i.name: b for i, b in zip(graph.input, bindings)}}
+        try:
+            for t in graph.initializer:
+                self.values[t.name] = self.literal(numpy_helper.to_array(t))
+            for k, inner in enumerate(graph.node):
+                copy = onnx.NodeProto()
+                copy.CopyFrom(inner)
+                copy.name = f"{prefix}/{inner.name or inner.op_type + '_' + str(k)}"
+                self.import_node(copy)
+            self.node = node
+            missing = [o.name for o in graph.output if o.name not in self.values]
+            if missing:
+                raise self.error(f"sub-graph output(s) {', '.join(missing)} are not produced")
+            return [self.values[o.name] for o in graph.output]
+        finally:
+            self.values, self.node = outer, node
 
     # naming the culprit ------------------------------------------------------------
     @property
@@ -109,6 +166,13 @@ class ImportContext:
             raise DynamicValueError(f"{self.where}: {what} must be a constant (or computable from input shapes); "
                                     "fix the input dimensions with --input-dim", self.params_feeding(ins))
         return value
+
+    def require_ints(self, ins: Instruction | None, what: str) -> list[int]:
+        """The integers of a constant input (sizes, positions), flattened."""
+        value = self.require_const(ins, what)
+        if value.dtype.kind not in "iu":  # int() would truncate 2.5 to 2 without a word
+            raise self.error(f"{what} must be integers, got {value.dtype.name} {value.reshape(-1).tolist()}")
+        return [int(x) for x in value.reshape(-1)]
 
     @staticmethod
     def params_feeding(ins: Instruction | None) -> tuple[str, ...]:
@@ -188,7 +252,8 @@ class ImportContext:
         return out
 
 
-Parser = Callable[[ImportContext, list["Instruction | None"]], "Instruction | list[Instruction]"]
+#: A parser returns its one output, or a list of its outputs (a sequence output inside that list).
+Parser = Callable[[ImportContext, list[Any]], Any]
 
 #: ONNX op type -> parser. Filled by `fusegraph.onnx.parsers`.
 PARSERS: dict[str, Parser] = {}
@@ -210,14 +275,22 @@ def parses(node: onnx.NodeProto) -> bool:
     return key in PARSERS and not (key in BODY_FORMS and BODY_FORMS[key](node))
 
 
-def onnx_op(*op_types: str) -> Callable[[Parser], Parser]:
-    """Decorator registering a parser for one or more ONNX op types."""
+#: ONNX op types whose parsers take sequences (lists) among their inputs; any other op given a
+#: sequence is refused by name (`ImportContext.import_node`).
+SEQUENCE_OPS: set[str] = set()
+
+
+def onnx_op(*op_types: str, sequences: bool = False) -> Callable[[Parser], Parser]:
+    """Decorator registering a parser for one or more ONNX op types (`sequences`: it reads
+    sequence inputs)."""
 
     def deco(fn: Parser) -> Parser:
         for t in op_types:
             if t in PARSERS:
                 raise ValueError(f"parser for {t} registered twice")
             PARSERS[t] = fn
+            if sequences:
+                SEQUENCE_OPS.add(t)
         return fn
 
     return deco

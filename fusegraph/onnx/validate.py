@@ -94,9 +94,12 @@ def _check_initializer(t: onnx.TensorProto) -> None:
 
 def _check_input(value_info: onnx.ValueInfoProto, override: Sequence[int] | None) -> None:
     where = f"input {value_info.name!r}"
-    if not value_info.type.HasField("tensor_type"):
-        raise ParseError(f"{where}: only tensor inputs are supported")
-    tt = value_info.type.tensor_type
+    t = value_info.type
+    while t.WhichOneof("value") in ("optional_type", "sequence_type"):  # their tensors are bound in onnx/structure.py
+        t, override = getattr(t, t.WhichOneof("value")).elem_type, None
+    if not t.HasField("tensor_type"):
+        raise ParseError(f"{where}: only tensor, sequence and optional inputs are supported")
+    tt = t.tensor_type
     onnx_dtype(tt.elem_type, where)
     if override is not None:
         check_elements([int(d) for d in override], f"{where} (--input-dim)")

@@ -6,7 +6,8 @@ The cases come from `onnx.backend.test`: the *node* tests are generated in memor
 than writing and re-reading 1,900 directories would), and the *light* models are the files in
 `onnx/backend/test/data/light` with their stored outputs, fed the same deterministic dummy input
 (`Runner.generate_dummy_data`) that onnx's runner feeds them. Outputs are compared with
-`Runner.assert_similar_outputs` and each case's own rtol/atol, exactly as onnx's runner does.
+`Runner.assert_similar_outputs` and each case's own rtol/atol, as onnx's runner does (a
+sequence output's elements as outputs of their own: `_assert_similar`).
 
 The same `run_case` drives fusegraph's reference target (tests/test_conformance.py), its gpu
 target (tests/test_conformance_gpu.py) and ONNX Runtime (tools/conformance_report.py), so all
@@ -142,8 +143,7 @@ def run_case(case: Case, backend: Any, unsupported: tuple[type[BaseException], .
             for inputs, expected in case.data_sets:
                 with np.errstate(all="ignore"):
                     got = rep.run([_tensor(x) for x in inputs])
-                Runner.assert_similar_outputs([_tensor(x) for x in expected], list(got),
-                                              rtol=case.rtol, atol=case.atol)
+                _assert_similar([_tensor(x) for x in expected], list(got), case.rtol, case.atol)
     except unsupported as e:
         if isinstance(e.__context__, _INTERNAL):  # a parser crashed; the importer wrapped it
             return Outcome(Status.FAIL, f"internal error while parsing: {_describe(e)}", type(e.__context__).__name__)
@@ -151,6 +151,25 @@ def run_case(case: Case, backend: Any, unsupported: tuple[type[BaseException], .
     except Exception as e:  # noqa: BLE001  (anything else is a failure of the case)
         return Outcome(Status.FAIL, _describe(e), type(e).__name__)
     return Outcome(Status.PASS)
+
+
+def _assert_similar(expected: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -> None:
+    """onnx's runner's rule, with a sequence output's elements compared as outputs of their own.
+
+    The runner compares a sequence element by element by calling itself on each pair of arrays
+    as if they were lists of outputs, which takes `len()` of a 0-d element and fails every
+    backend on a sequence of scalars (test_loop16_seq_none); as outputs their shape, dtype and
+    values are compared, as for any tensor output.
+    """
+    np.testing.assert_equal(len(got), len(expected), err_msg="number of outputs")
+    for k, (e, g) in enumerate(zip(expected, got)):
+        if not isinstance(e, list):
+            Runner.assert_similar_outputs([e], [g], rtol=rtol, atol=atol)
+            continue
+        if not isinstance(g, (list, tuple)):
+            raise AssertionError(f"output {k}: a sequence expected, got {type(g).__name__}")
+        np.testing.assert_equal(len(g), len(e), err_msg=f"output {k}: length of the sequence")
+        Runner.assert_similar_outputs(e, list(g), rtol=rtol, atol=atol)
 
 
 #: Exceptions that, wrapped in a ParseError by the importer, mean a parser bug rather than a

@@ -165,8 +165,11 @@ def test_detection_head_in_column_pieces():
     _run_configs(program, compiled, tried, np.random.default_rng())
 
 
-@pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0)])
+@pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0),
+                                         ([5, 1], [1, 3], 0), ([2, 4, 8, 1], [2, 4, 1, 8], 0)])
 def test_matmul(a, b, trans_b):
+    """Products, also of k = 1 (outer products: the operands' addresses ignore k, and the chunk's
+    padding lanes past k must still add nothing)."""
     if len(a) == 2:
         m = make_model([node("Gemm", ["a", "b", "c"], ["g"], transB=trans_b), node("Relu", ["g"], ["y"])],
                        {"a": a}, ["y"], {"b": rand(*b, seed=1), "c": rand(b[0] if trans_b else b[1], seed=2)})

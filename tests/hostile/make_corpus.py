@@ -340,14 +340,15 @@ def _if_model() -> onnx.ModelProto:
 
 
 def _loop_model() -> onnx.ModelProto:
+    """A Loop whose trip count is a run-time input (a constant one is unrolled)."""
     body = helper.make_graph([helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Identity", ["v"], ["v2"])],
                              "body", [helper.make_tensor_value_info("i", I64, []),
                                       helper.make_tensor_value_info("c", TensorProto.BOOL, []),
                                       helper.make_tensor_value_info("v", F, [2, 3])],
                              [helper.make_tensor_value_info("c2", TensorProto.BOOL, []),
                               helper.make_tensor_value_info("v2", F, [2, 3])])
-    m = model_of([helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)], {"x": [2, 3]}, ["y"],
-                 {"n": np.array(3, np.int64)})
+    m = model_of([helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)], {"x": [2, 3], "n": []}, ["y"])
+    m.graph.input[1].type.tensor_type.elem_type = I64
     return m
 
 
@@ -387,7 +388,7 @@ def structure_cases() -> list[tuple[str, Callable[[], onnx.ModelProto], str, str
         ("unknown domain", _with(relu_model, _domain("org.nowhere")), "UnsupportedOpError", "org.nowhere.Relu"),
         ("custom-domain op", lambda: one_node("Frobnicate", {"x": [2]}), "UnsupportedOpError", "Frobnicate"),
         ("If on a run-time condition", _if_model, "DynamicValueError", "'if' (If)"),
-        ("Loop", _loop_model, "UnsupportedOpError", "Loop"),
+        ("Loop of a run-time trip count", _loop_model, "DynamicValueError", "'loop' (Loop)"),
         ("extra input to Relu", _with(relu_model, _extra_input), "ParseError", "'relu'"),
         ("extra input to Transpose", _with(chain_model, _extra_input), "ParseError", "'transpose'"),
         ("missing required input", lambda: one_node("Add", {"x": [2]}), "ParseError", "'add'"),

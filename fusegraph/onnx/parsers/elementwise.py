@@ -246,9 +246,9 @@ def parse_cast(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction
     return ctx.convert(x, onnx_dtype(to, ctx.where))
 
 
-@onnx_op("Identity")
-def parse_identity(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    return ins[0]  # type: ignore[return-value]
+@onnx_op("Identity", sequences=True)
+def parse_identity(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instruction | None]:
+    return [ins[0]]  # in a list: the value may be a sequence or an optional
 
 
 @onnx_op("Dropout")

@@ -18,19 +18,12 @@ from fusegraph.ops.movement import Concat, Gather
 from fusegraph.onnx.context import ImportContext, onnx_op, prod
 
 
-def _ints(ctx: ImportContext, ins: Instruction | None, what: str) -> list[int]:
-    value = ctx.require_const(ins, what)
-    if value.dtype.kind not in "iu":  # int() would truncate 2.5 to 2 without a word
-        raise ctx.error(f"{what} must be integers, got {value.dtype.name} {value.reshape(-1).tolist()}")
-    return [int(x) for x in value.reshape(-1)]
-
-
 @onnx_op("Reshape")
 def parse_reshape(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
     assert x is not None
     if ctx.opset >= 5:
-        dims = _ints(ctx, ins[1], "the target shape")
+        dims = ctx.require_ints(ins[1], "the target shape")
     elif ctx.has_attr("shape"):  # before opset 5 the target is an attribute
         dims = list(ctx.attr("shape"))
     else:
@@ -77,7 +70,7 @@ def _axes_input(ctx: ImportContext, ins: list[Instruction | None], k: int) -> li
     if ctx.has_attr("axes"):
         return list(ctx.attr("axes"))
     if len(ins) > k and ins[k] is not None:
-        return _ints(ctx, ins[k], "axes")
+        return ctx.require_ints(ins[k], "axes")
     return None
 
 
@@ -110,7 +103,7 @@ def parse_unsqueeze(ctx: ImportContext, ins: list[Instruction | None]) -> Instru
 def parse_expand(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
     x = ins[0]
     assert x is not None
-    shape = _ints(ctx, ins[1], "the shape")
+    shape = ctx.require_ints(ins[1], "the shape")
     try:
         lens = np.broadcast_shapes(tuple(x.shape.lens), tuple(shape))
     except ValueError:
@@ -132,9 +125,9 @@ def parse_slice(ctx: ImportContext, ins: list[Instruction | None]) -> Instructio
         axes = list(ctx.attr("axes", range(len(starts))))
         steps = [1] * len(starts)
     else:
-        starts, ends = _ints(ctx, ins[1], "starts"), _ints(ctx, ins[2], "ends")
-        axes = _ints(ctx, ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
-        steps = _ints(ctx, ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+        starts, ends = ctx.require_ints(ins[1], "starts"), ctx.require_ints(ins[2], "ends")
+        axes = ctx.require_ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+        steps = ctx.require_ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.error("starts, ends, axes and steps differ in length")
     axes = ctx.axes(axes, r)
@@ -157,11 +150,11 @@ def parse_tile(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction
     if ctx.opset < 6:
         if len(ins) < 3 or ins[2] is None:
             raise ctx.error("needs inputs tiles and axis before opset 6")
-        axis = ctx.axis(_ints(ctx, ins[2], "axis")[0], r)
+        axis = ctx.axis(ctx.require_ints(ins[2], "axis")[0], r)
         reps = [1] * r
-        reps[axis] = _ints(ctx, ins[1], "tiles")[0]
+        reps[axis] = ctx.require_ints(ins[1], "tiles")[0]
     else:
-        reps = _ints(ctx, ins[1], "repeats")
+        reps = ctx.require_ints(ins[1], "repeats")
     if len(reps) != r or any(n < 1 for n in reps):
         raise ctx.error(f"repeats {reps} must be {r} positive values")
     if all(n == 1 for n in reps):
@@ -199,7 +192,7 @@ def parse_split(ctx: ImportContext, ins: list[Instruction | None]) -> list[Instr
     if ctx.has_attr("split"):
         sizes = list(ctx.attr("split"))
     elif len(ins) > 1 and ins[1] is not None:
-        sizes = _ints(ctx, ins[1], "split")
+        sizes = ctx.require_ints(ins[1], "split")
     else:
         parts = ctx.attr("num_outputs", outs)
         if parts < 1:
@@ -276,7 +269,7 @@ def parse_constant(ctx: ImportContext, ins: list[Instruction | None]) -> Instruc
 
 @onnx_op("ConstantOfShape")
 def parse_constant_of_shape(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    shape = _ints(ctx, ins[0], "the shape")
+    shape = ctx.require_ints(ins[0], "the shape")
     value = ctx.attr("value")
     fill = np.asarray(value).reshape(-1)[:1] if value is not None else np.zeros(1, np.float32)
     scalar = fill.reshape(())

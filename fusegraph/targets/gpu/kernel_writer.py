@@ -238,7 +238,10 @@ class KernelWriter:
         addr = linear_offset(idx, shape.strides, shape.offset)
         dconds, dvars = self.domain_conds(ins, tile, index)
         addr_vars = self._vars_of([addr]) & tile.dims
-        used = addr_vars | dvars | (tile.dims if mask else set())
+        # a product's operand (a raw load) is zero past every bound of its tile, also along a dim
+        # its address ignores (k of length 1): the padding lanes would otherwise add it again
+        whole = bool(mask) or id(ins) in self.raw_loads
+        used = addr_vars | dvars | (tile.dims if whole else set())
         # tile-shaped conditions first: a scalar condition on the left of `&` breaks the interpreter
         conds = tile.mask_for(used) + dconds + list(mask)
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(used - addr_vars)}"
