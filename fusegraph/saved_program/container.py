@@ -20,7 +20,7 @@ from fusegraph.errors import SavedProgramError
 
 FORMAT = "fusegraph-fgx"
 #: bumped whenever the document changes meaning; a file of another version is refused
-VERSION = 2
+VERSION = 3
 
 
 def write(path: "str | os.PathLike[str]", doc: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
