@@ -115,6 +115,7 @@ def load(path: "str | os.PathLike[str]", verbose: bool = False) -> Union[Program
     with phases.phase("read and check the file"):
         doc, tensors = container.read(path)
     options = _options(doc.get("options"), where)
+    early = gpu_binaries.start_early(doc, options)
     if "dynamic_batch" in doc:
         loaded: Any = _load_dynamic(doc["dynamic_batch"], options, tensors, where, phases)
         programs = [loaded.programs[s] for s in loaded.sizes]
@@ -129,8 +130,11 @@ def load(path: "str | os.PathLike[str]", verbose: bool = False) -> Union[Program
             fused = _fused(doc.get("fused"), options, tensors, where, phases)
             loaded = _compiled(loaded, options, configs, where, None, fused=fused, phases=phases)
         programs = [loaded]
-    with phases.phase("kernel binaries"):
-        phases.notes.append(gpu_binaries.install_loaded(programs, doc.get("binaries"), tensors, where))
+    phases.notes.append(gpu_binaries.install_loaded(programs, doc.get("binaries"), tensors, where, phases, early))
+    if "dynamic_batch" not in doc and gpu_binaries.has_binaries(loaded):
+        loaded.prepare()  # the graph a run on NumPy inputs replays
+        for step, seconds in loaded.last_capture.items():
+            phases.add(f"{step} (the graph of NumPy inputs)", seconds)
     phases.report(where)
     return loaded
 

@@ -107,8 +107,10 @@ def scenario_round_trip_without_compiling(folder: str) -> int:
     kernels, loaded, path = _saved(folder)
     os.environ["TRITON_CACHE_DIR"] = f"{folder}/load-1"  # an empty cache: another machine of the same kind
     with _NoCompiling():
-        used, compiled = stored_binaries.install(kernels, loaded, str(path), _build)
-        assert (used, compiled) == (len(loaded), 0)
+        done = stored_binaries.install(kernels, loaded, str(path), _build)
+        used = done.used
+        assert (done.used, done.compiled) == (len(loaded), 0)
+        assert [name for name, _ in done.lookup] == [k.src.name for k in kernels][:len(done.lookup)]
         again = _build(kernels[0])  # the first launch's lookup: a hit in Triton's own cache
     assert again.hash == loaded[0].triton_hash
     assert again.asm["cubin"] == next(v for n, v in loaded[0].files.items() if n.endswith(".cubin"))
@@ -132,8 +134,8 @@ def scenario_a_key_triton_does_not_compute_is_not_used(folder: str) -> tuple[int
     meta["hash"] = fake
     forged = StoredBinary(b.digest, b.config, fake, {**b.files, meta_name: json.dumps(meta).encode()})
     os.environ["TRITON_CACHE_DIR"] = f"{folder}/load-2"
-    used, compiled = stored_binaries.install(kernels[:1], [forged], str(path), _build)
-    return used, compiled, get_cache_manager(fake).get_group(meta_name) is not None
+    done = stored_binaries.install(kernels[:1], [forged], str(path), _build)
+    return done.used, done.compiled, get_cache_manager(fake).get_group(meta_name) is not None
 
 
 def scenario_bad_binaries_are_refused(folder: str) -> list[str]:
