@@ -115,7 +115,7 @@ def load(path: "str | os.PathLike[str]", verbose: bool = False) -> Union[Program
     with phases.phase("read and check the file"):
         doc, tensors = container.read(path)
     options = _options(doc.get("options"), where)
-    early = gpu_binaries.start_early(doc, options)
+    early = gpu_binaries.start_early(doc, options, tensors, where)
     if "dynamic_batch" in doc:
         loaded: Any = _load_dynamic(doc["dynamic_batch"], options, tensors, where, phases)
         programs = [loaded.programs[s] for s in loaded.sizes]

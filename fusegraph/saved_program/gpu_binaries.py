@@ -32,15 +32,20 @@ def for_save(programs: list[Any]) -> tuple[dict[str, Any] | None, dict[str, np.n
     return binaries_to_json(stored_binaries.environment(), stored_binaries.collect(kernels))
 
 
-def start_early(doc: dict[str, Any], options: Any) -> launch_prep.EarlyStart | None:
-    """Triton's per-process preparation begun in the background, when the file holds binaries
-    for a gpu program and this process runs real kernels (not under the interpreter)."""
+def start_early(doc: dict[str, Any], options: Any, tensors: dict[str, np.ndarray],
+                where: str) -> launch_prep.EarlyStart | None:
+    """Triton's per-process preparation and the launchers of the binaries for this GPU begun in
+    the background, when the file holds binaries for a gpu program and this process runs real
+    kernels (not under the interpreter)."""
     if not doc.get("binaries") or not isinstance(options, dict) or options.get("target") != "gpu" \
             or os.environ.get("TRITON_INTERPRET") == "1":
         return None
     import torch
 
-    return launch_prep.start_early() if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        return None
+    stored = binaries_from_json(doc["binaries"], tensors, where).get(stored_binaries.environment(), [])
+    return launch_prep.start_early(sorted({b.signature for b in stored if b.signature is not None}))
 
 
 def install_loaded(programs: list[Any], doc: Any, tensors: dict[str, np.ndarray], where: str,

@@ -24,7 +24,7 @@ from fusegraph.saved_program import container, gpu_binaries
 from fusegraph.saved_program.kernel_binaries import binaries_from_json, binaries_to_json
 from fusegraph.targets.gpu import stored_binaries
 from fusegraph.targets.gpu.stored_binaries import StoredBinary
-from tests.helpers import conv_silu_add_model
+from tests.helpers import conv_silu_add_model, has_gpu
 
 ENV = "cuda-sm90|triton-test"
 
@@ -96,8 +96,9 @@ def _saved(folder: str) -> tuple[list, list[StoredBinary], Path]:
     container.write(path, {"binaries": doc}, tensors)
     read_doc, read_tensors = container.read(path)
     loaded = binaries_from_json(read_doc["binaries"], read_tensors, str(path))[ENV]
-    assert [(b.digest, b.config, b.triton_hash, b.files) for b in loaded] == \
-        [(b.digest, b.config, b.triton_hash, b.files) for b in binaries]
+    assert [(b.digest, b.config, b.triton_hash, b.files, b.signature) for b in loaded] == \
+        [(b.digest, b.config, b.triton_hash, b.files, b.signature) for b in binaries]
+    assert all(b.signature and any(t.startswith("*") for t in b.signature) for b in loaded)
     return kernels, loaded, path
 
 
@@ -204,3 +205,47 @@ def test_a_load_refuses_a_damaged_binary_and_says_once_when_binaries_are_for_ano
     x = {"x": np.random.default_rng().standard_normal((1, 3, 8, 8), dtype=np.float32),
          "y": np.random.default_rng().standard_normal((1, 4, 1, 1), dtype=np.float32)}
     np.testing.assert_array_equal(loaded.run(x)["out"], compiled.run(x)["out"])
+
+
+def test_a_launch_signature_holds_only_triton_type_names(tmp_path: Path) -> None:
+    """A load has Triton build launchers from stored signatures before any check of the kernels
+    against them, so anything but Triton's type names is refused when the file is read."""
+    files = {"k.json": b"{}", "k.cubin": b"\0"}
+    good = StoredBinary("0123456789abcdef", {"BLOCK": 64}, "a" * 64, files, ("*fp16", "*fp32", "i32", "constexpr"))
+    doc, tensors = binaries_to_json(ENV, [good])
+    assert binaries_from_json(doc, tensors, "f.fgx")[ENV][0].signature == good.signature
+    for bad in (["*fp16", "i32); system(\"x\""], ["*fp16", 3], "i32", ["i32"] * 1000):
+        entry = dict(doc[ENV][0], signature=bad)
+        with pytest.raises(SavedProgramError, match="stored binary 0 .* malformed .*launch signature"):
+            binaries_from_json({ENV: [entry]}, tensors, "f.fgx")
+    unsigned = dict(doc[ENV][0])
+    del unsigned["signature"]  # a binary whose signature Triton did not give as names
+    assert binaries_from_json({ENV: [unsigned]}, tensors, "f.fgx")[ENV][0].signature is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_gpu(), reason="binaries, launchers and CUDA graphs need a GPU")
+def test_a_load_on_a_gpu_prepares_every_kernel_and_the_first_run_replays(tmp_path: Path) -> None:
+    """On the GPU: the load hands Triton the stored binaries (compiling none), builds the
+    launchers, loads every module and captures the graph of NumPy inputs; the first run then
+    replays it and gives the fresh compile's outputs bit for bit."""
+    import torch
+
+    program = fusegraph.parse_onnx(conv_silu_add_model(3))
+    compiled = fusegraph.compile(program, "gpu", fp16=True)
+    fusegraph.save(compiled, tmp_path / "g.fgx")
+    doc, _ = container.read(tmp_path / "g.fgx")
+    (entries,) = doc["binaries"].values()
+    assert all(e.get("signature") for e in entries)
+    loaded = fusegraph.load(tmp_path / "g.fgx")
+    ready = [stored_binaries.warm_up(k) for k in loaded.kernels]
+    assert all(k._run is not None and k.module is not None for k in ready)
+    assert loaded.last_capture and len(loaded._graphs) == 1
+    loaded.last_capture = {}
+    x = {k: np.random.default_rng().standard_normal(s.lens).astype(s.dtype.numpy) for k, s in loaded.input_shapes.items()}
+    got = loaded.run(x)
+    torch.cuda.synchronize()
+    assert loaded.last_capture == {}  # replayed the graph the load captured
+    want = compiled.run(x)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])

@@ -8,9 +8,9 @@ the signature's type names, `make_launcher`); Triton 3.9 launches every kernel t
 generic launcher in its driver utilities instead. It also hashes its own source files once
 per process (`triton_key`) before it can compute any kernel's cache key.
 
-`start_early` begins the per-process part in a background thread as soon as a load knows it
-will use binaries (the compiler runs in subprocesses and hashing releases the GIL, so the
-load's own work goes on meanwhile). `load_handles` then builds the launchers of the distinct
+`start_early` begins the per-process part, and the launchers of the signatures stored with the
+binaries, in a background thread as soon as a load knows it will use binaries (the compiler
+runs in subprocesses and hashing releases the GIL, so the load's own work goes on meanwhile). `load_handles` then builds the launchers of the distinct
 signatures in parallel (where Triton has them) and loads every kernel's binary into the
 CUDA context, so the first run only launches. What runs is Triton's own code on Triton's own
 generated sources; nothing here comes from a file. Any step that this Triton does not offer
@@ -62,18 +62,36 @@ class EarlyStart:
         return time.perf_counter() - start
 
 
-def start_early() -> EarlyStart:
-    """Hash Triton's sources and build (or find in Triton's cache) its driver utilities, in a
-    background thread."""
+def start_early(signatures: list[tuple[str, ...]]) -> EarlyStart:
+    """Hash Triton's sources and build (or find in Triton's cache) its driver utilities and,
+    where Triton compiles them, the launchers of `signatures` (argument type names, as stored
+    with a file's binaries), in a background thread."""
+    builds = [_launcher_build(s) for s in signatures] if per_signature_launchers() else []
+
     def work() -> None:
         from triton.backends.nvidia.driver import CudaUtils
         from triton.runtime.cache import triton_key
 
-        with ThreadPoolExecutor(2) as pool:
-            for f in [pool.submit(triton_key), pool.submit(CudaUtils)]:
+        with ThreadPoolExecutor(min(MAX_PARALLEL, 2 + len(builds))) as pool:
+            for f in [pool.submit(triton_key), pool.submit(CudaUtils), *(pool.submit(b) for b in builds)]:
                 f.result()
 
     return EarlyStart(work)
+
+
+def _launcher_build(signature: tuple[str, ...]) -> Callable[[], None]:
+    """Build the launcher Triton 3.6's CudaLauncher builds for a kernel of `signature`, with
+    the same arguments, so its cache entry is the one the launcher looks up (the source depends
+    on the type names alone)."""
+    def build() -> None:
+        from triton.backends.nvidia import driver
+        from triton.runtime.build import compile_module_from_src
+
+        src = driver.make_launcher({}, dict(enumerate(signature)), None)
+        compile_module_from_src(src=src, name="__triton_launcher", library_dirs=driver.library_dirs(),
+                                include_dirs=driver.include_dirs, libraries=driver.libraries)
+
+    return build
 
 
 def load_handles(compiled_kernels: list[Any]) -> list[tuple[str, float]]:

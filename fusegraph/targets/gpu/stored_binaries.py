@@ -35,6 +35,9 @@ class StoredBinary:
     config: Config
     triton_hash: str  # Triton's cache key of the compiled kernel
     files: dict[str, bytes]  # the cache entry's files by name: "<kernel>.json", "<kernel>.cubin"
+    #: Triton's type name of each kernel argument ("*fp16", "i32", "constexpr"): what a load
+    #: builds the kernel's launcher from ahead of time (launch_prep); None when not known
+    signature: tuple[str, ...] | None = None
 
 
 def environment(capability: tuple[int, int] | None = None) -> str:
@@ -58,7 +61,15 @@ def from_compiled_kernel(kernel: Any, digest: str, config: Config) -> StoredBina
     files = {name: open(path, "rb").read() for name, path in group.items() if name.endswith(KEPT_SUFFIXES)}
     if sorted(n.rsplit(".", 1)[1] for n in files) != ["cubin", "json"]:
         raise RuntimeError(f"Triton's cache entry of {kernel.name} lacks its metadata or cubin: {sorted(group)}")
-    return StoredBinary(digest, dict(config), kernel.hash, files)
+    return StoredBinary(digest, dict(config), kernel.hash, files, launch_signature(kernel))
+
+
+def launch_signature(kernel: Any) -> tuple[str, ...] | None:
+    """The argument type names of Triton's CompiledKernel `kernel`, when Triton gives them as names."""
+    signature = getattr(getattr(kernel, "src", None), "signature", None)
+    if not isinstance(signature, dict) or not all(isinstance(v, str) for v in signature.values()):
+        return None
+    return tuple(signature.values())
 
 
 def warm_up(kernel: Any) -> Any:
