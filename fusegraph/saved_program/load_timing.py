@@ -1,6 +1,6 @@
 """The phases of a load and their times, printed on stderr when FUSEGRAPH_TIMING=1 (or
-`fusegraph.load(path, verbose=True)`), to see where a load's time goes: one line per phase
-and, for steps done per kernel, the slowest kernels."""
+`fusegraph.load(path, verbose=True)`), to see where a load's time goes: one line with every
+phase and, for each step done per kernel, a line with its mean and slowest kernels."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ class Phases:
         if not self.on:
             return
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""
-        lines = [f"fusegraph: load {where}: total {self.total() * 1e3:.0f} ms{notes}"]
-        lines += [f"  {name:<48} {seconds * 1e3:8.1f} ms" for name, seconds in self.times]
+        parts = ", ".join(f"{name} {seconds * 1e3:.0f} ms" for name, seconds in self.times)
+        lines = [f"fusegraph: load {where}: {parts}; total {self.total() * 1e3:.0f} ms{notes}"]
         for name, per in self.per_kernel:
             if per:
                 slow = sorted(per, key=lambda p: -p[1])[:SLOWEST]
