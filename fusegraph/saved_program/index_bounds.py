@@ -28,23 +28,34 @@ EXACT_LIMIT = 1 << 22
 
 
 def check_in_bounds(ins: Instruction, where: str) -> None:
-    """Raise a SavedProgramError when a load's or store's map can leave the buffer it addresses."""
+    """Raise a SavedProgramError when a load's or store's map can leave the buffer it addresses.
+    Each step below runs only for an axis the cheaper ones before it could not bound."""
     m = ins.op.attrs.get("map")
     if m is None:
         return
-    narrowed = _narrowed(ins.op.attrs.get("domain", ()))
     domain = ins.op.attrs.get("domain", ())
     for axis, (e, n) in enumerate(zip(m.exprs, m.in_lens)):
-        lo, hi = bounds(substitute(e, narrowed) if narrowed else e)
-        for d, dlo, dhi in domain:
-            c_lo, c_hi = bounds(e - d)
-            if c_lo == c_hi:  # e = d + c on the domain, where dlo <= d < dhi
-                lo, hi = max(lo, dlo + c_lo), min(hi, dhi - 1 + c_lo)
-        if (lo < 0 or hi >= n) and _exact_range(e, domain) is not None:
-            lo, hi = _exact_range(e, domain)
+        lo, hi = bounds(e)
+        if (lo < 0 or hi >= n) and domain:
+            lo, hi = _within_domain(e, domain, n)
         if lo < 0 or hi >= n:
             raise SavedProgramError(f"{where}: its index map reaches {lo}..{hi} on axis {axis} of a buffer "
                                     f"of {n}: it would address memory outside the buffer; refused")
+
+
+def _within_domain(e: Expr, domain: tuple, n: int) -> tuple[int, int]:
+    """Bounds of `e` where `domain` holds: its variables narrowed, then each condition on an
+    expression differing from `e` by a constant, then (when that is not enough) evaluation."""
+    narrowed = _narrowed(domain)
+    lo, hi = bounds(substitute(e, narrowed)) if narrowed else bounds(e)
+    for d, dlo, dhi in domain:
+        c_lo, c_hi = bounds(e - d)
+        if c_lo == c_hi:  # e = d + c on the domain, where dlo <= d < dhi
+            lo, hi = max(lo, dlo + c_lo), min(hi, dhi - 1 + c_lo)
+    if 0 <= lo and hi < n:
+        return lo, hi
+    exact = _exact_range(e, domain)
+    return exact if exact is not None else (lo, hi)
 
 
 def _narrowed(domain: tuple) -> dict[str, object]:
