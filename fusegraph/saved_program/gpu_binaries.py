@@ -55,7 +55,9 @@ def install_loaded(programs: list[Any], doc: Any, tensors: dict[str, np.ndarray]
     stored = binaries_from_json(doc, tensors, where)
     kernels = [k for p in programs if has_binaries(p) for k in p.kernels]
     if early is not None:
-        phases.add("wait for Triton's driver utilities", early.wait())
+        phases.add("wait for Triton's driver utilities and launchers", early.wait())
+        if early.error is not None:  # Triton builds them itself at the first launch
+            phases.notes.append(f"building them ahead failed: {type(early.error).__name__}: {early.error}")
     if not stored or not kernels:
         return "no binaries"
     here = stored_binaries.environment()

@@ -249,3 +249,50 @@ def test_a_load_on_a_gpu_prepares_every_kernel_and_the_first_run_replays(tmp_pat
     want = compiled.run(x)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+
+
+class _FakeKernel:
+    """What load_handles reads of Triton's CompiledKernel: name, src.signature, metadata, _run."""
+
+    def __init__(self, name: str, signature: tuple[str, ...]) -> None:
+        from types import SimpleNamespace
+
+        self.name, self.metadata, self._run = name, SimpleNamespace(), None
+        self.src = SimpleNamespace(signature=dict(enumerate(signature)))
+        self.handled = 0
+
+    def _init_handles(self) -> None:
+        self.handled += 1
+
+
+def test_launch_preparation_builds_one_launcher_per_signature_and_loads_every_kernel() -> None:
+    import threading
+
+    from fusegraph.targets.gpu import launch_prep
+
+    built, lock = [], threading.Lock()
+
+    def launcher(src, metadata):
+        with lock:
+            built.append(tuple(src.signature.values()))
+
+    kernels = [_FakeKernel(f"k{i}", sig) for i, sig in enumerate(
+        [("*fp16", "i32"), ("*fp16", "i32"), ("*fp32", "constexpr"), ("*fp16", "*fp16", "i32")])]
+    times = launch_prep.load_handles(kernels, launcher)
+    assert sorted(built) == sorted({("*fp16", "i32"), ("*fp32", "constexpr"), ("*fp16", "*fp16", "i32")})
+    assert [k.handled for k in kernels] == [1, 1, 1, 1] and [n for n, _ in times] == ["k0", "k1", "k2", "k3"]
+    early = launch_prep.EarlyStart(lambda: 1 / 0)  # a failure ahead of time is left to Triton
+    early.wait()
+    assert isinstance(early.error, ZeroDivisionError)
+
+
+def test_this_triton_says_whether_it_compiles_launchers_per_signature() -> None:
+    """Triton 3.6 (the GPU machine's) has `make_launcher`; 3.9 launches through one generic launcher."""
+    triton = pytest.importorskip("triton")
+    from fusegraph.targets.gpu import launch_prep
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    if (major, minor) <= (3, 6):
+        assert launch_prep.per_signature_launchers()
+    elif (major, minor) >= (3, 9):
+        assert not launch_prep.per_signature_launchers()

@@ -94,12 +94,13 @@ def _launcher_build(signature: tuple[str, ...]) -> Callable[[], None]:
     return build
 
 
-def load_handles(compiled_kernels: list[Any]) -> list[tuple[str, float]]:
+def load_handles(compiled_kernels: list[Any], launcher_cls: Any = None) -> list[tuple[str, float]]:
     """Make each of Triton's CompiledKernels ready to launch (its launcher built, its binary
     loaded on the device), as its first launch would; the seconds each took, by kernel name.
-    Launchers of distinct signatures are built in parallel first where Triton compiles them."""
-    if per_signature_launchers():
-        _build_launchers(compiled_kernels)
+    Launchers of distinct signatures are built in parallel first where Triton compiles them
+    (by `launcher_cls`, Triton's own by default)."""
+    if per_signature_launchers() or launcher_cls is not None:
+        _build_launchers(compiled_kernels, launcher_cls)
     out = []
     for k in compiled_kernels:
         start = time.perf_counter()
@@ -111,12 +112,13 @@ def load_handles(compiled_kernels: list[Any]) -> list[tuple[str, float]]:
     return out
 
 
-def _build_launchers(compiled_kernels: list[Any]) -> None:
+def _build_launchers(compiled_kernels: list[Any], launcher_cls: Any = None) -> None:
     """One launcher per distinct signature, built by Triton's launcher class into Triton's cache
     (where `_init_handles` then finds it), the compilers in parallel."""
-    from triton.runtime import driver
+    if launcher_cls is None:
+        from triton.runtime import driver
 
-    launcher_cls = driver.active.launcher_cls
+        launcher_cls = driver.active.launcher_cls
     distinct: dict[str, Any] = {}
     for k in compiled_kernels:
         if getattr(k, "_run", None) is None:
