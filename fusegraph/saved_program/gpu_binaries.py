@@ -56,6 +56,7 @@ def install_loaded(programs: list[Any], doc: Any, tensors: dict[str, np.ndarray]
     kernels = [k for p in programs if has_binaries(p) for k in p.kernels]
     if early is not None:
         phases.add("wait for Triton's driver utilities and launchers", early.wait())
+        phases.notes.append(f"Triton's driver utilities and launchers prepared in the background in {early.seconds * 1e3:.0f} ms")
         if early.error is not None:  # Triton builds them itself at the first launch
             phases.notes.append(f"building them ahead failed: {type(early.error).__name__}: {early.error}")
     if not stored or not kernels:

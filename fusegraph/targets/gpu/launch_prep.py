@@ -29,7 +29,10 @@ MAX_PARALLEL = 16
 
 
 def per_signature_launchers() -> bool:
-    """Whether this Triton compiles a C launcher per kernel signature (3.6 does, 3.9 does not)."""
+    """Whether this Triton compiles a C launcher per kernel signature: Triton 3.6 does (its
+    CUDA driver module has `make_launcher`), 3.9 does not. Told by that function rather than
+    by version number; a Triton that has it under other arguments makes the early builds fail,
+    which only leaves them to Triton (the load report notes it)."""
     try:
         from triton.backends.nvidia import driver
     except ImportError:
