@@ -88,7 +88,7 @@ def _tensor_digest(tensors: dict[str, np.ndarray]) -> str:
     for name in sorted(tensors):
         arr = np.ascontiguousarray(tensors[name])
         h.update(f"{name}:{arr.dtype.str}:{list(arr.shape)};".encode())
-        h.update(arr.tobytes())
+        h.update(arr.reshape(-1).view(np.uint8))  # the bytes in place, not a copy of them
     return h.hexdigest()
 
 
