@@ -65,16 +65,20 @@ class EarlyStart:
         return time.perf_counter() - start
 
 
-def start_early(signatures: list[tuple[str, ...]]) -> EarlyStart:
+def start_early(signatures: list[tuple[str, ...]]) -> EarlyStart | None:
     """Hash Triton's sources and build (or find in Triton's cache) its driver utilities and,
     where Triton compiles them, the launchers of `signatures` (argument type names, as stored
-    with a file's binaries), in a background thread."""
+    with a file's binaries), in a background thread; None when this Triton lacks the parts."""
+    try:  # imported on the calling thread: two threads importing one package at once can see it half initialized
+        from triton.backends.nvidia.driver import CudaUtils
+        from triton.runtime import build  # noqa: F401 - what _launcher_build uses, imported here for the same reason
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return None
+
     builds = [_launcher_build(s) for s in signatures] if per_signature_launchers() else []
 
     def work() -> None:
-        from triton.backends.nvidia.driver import CudaUtils
-        from triton.runtime.cache import triton_key
-
         with ThreadPoolExecutor(min(MAX_PARALLEL, 2 + len(builds))) as pool:
             for f in [pool.submit(triton_key), pool.submit(CudaUtils), *(pool.submit(b) for b in builds)]:
                 f.result()
