@@ -73,12 +73,14 @@ inputs = dict(np.load(folder + "/inputs.npz"))
 t1 = time.perf_counter()
 loaded = fusegraph.load(folder + "/model.fgx")
 t_load = time.perf_counter() - t1
-loaded.last_capture = {}
+single = hasattr(loaded, "kernels")  # not a dynamic batch: a CompiledProgram with its capture's steps
+if single:
+    loaded.last_capture = {}
 t2 = time.perf_counter()
 out = loaded.run(inputs)
 torch.cuda.synchronize()
 t_first = time.perf_counter() - t2
-first_run_steps = dict(loaded.last_capture)  # empty when the load captured the graph already
+first_run_steps = dict(loaded.last_capture) if single else None  # {}: the load captured the graph already
 t3 = time.perf_counter()
 loaded.run(inputs)
 torch.cuda.synchronize()
@@ -129,8 +131,9 @@ def main() -> None:
           f"first run {times['first_run_s']:.2f} s, second run {times['second_run_s'] * 1e3:.1f} ms, "
           f"whole process {times['process_wall_s']:.2f} s")
     steps = times["first_run_steps"]
-    print("first run: " + (", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in steps.items()) if steps else
-                           "replayed the CUDA graph the load captured"))
+    if steps is not None:
+        print("first run: " + (", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in steps.items()) if steps else
+                               "replayed the CUDA graph the load captured"))
     print(f"load + first run: {times['load_s'] + times['first_run_s']:.2f} s; kernels Triton compiled: {compiled}")
     same = True
     for name, want in fresh.items():
