@@ -80,7 +80,8 @@ def fuse(program: Program) -> Program:
 
 def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: bool = False,
             allow_tf32: bool = False, tune: bool = True, exhaustive_tune: bool = False,
-            progress: Callable[[str, int, int], None] | None = None, weights: Any = None) -> Compiled:
+            progress: Callable[[str, int, int], None] | None = None, weights: Any = None,
+            fused: Program | None = None, timer: Any = None) -> Compiled:
     """Compile `program` for `target`; the result's `run(inputs)` returns outputs by name.
 
     gpu: fuses a copy (unless `program` is fused already), generates one kernel per fused group,
@@ -89,7 +90,9 @@ def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: 
     the NumPy reference on each run (tuning options do not apply; it never uses tf32).
     fp16/bf16 convert weights and inputs first, on either target, so they need an unfused program.
     `weights` (gpu: a compiled_program.WeightPool) shares the device copies of equal literals
-    between the programs compiled with it.
+    between the programs compiled with it. `fused` (gpu): what converting and fusing `program`
+    under these options gives, compiled as it is instead (a saved program's stored form; the
+    result keeps it). `timer(phase)`: a context manager timing each phase of the gpu compile.
     """
     _checked_program(program)
     _checked_target(target)
@@ -112,8 +115,10 @@ def compile(program: Program, target: str = "gpu", *, fp16: bool = False, bf16: 
     require_gpu_target()
     from fusegraph.targets.gpu.compiler import compile_gpu  # Triton and torch load only for this target
 
-    compiled = compile_gpu(program, **options, tune=bool(tune), exhaustive_tune=bool(exhaustive_tune), progress=progress,
-                           weights=weights)
+    if fused is not None:
+        _checked_program(fused)
+    compiled = compile_gpu(fused or program, **options, tune=bool(tune), exhaustive_tune=bool(exhaustive_tune),
+                           progress=progress, weights=weights, prepared=fused is not None, timer=timer)
     return _remember_source(compiled, program, target, options)
 
 

@@ -169,7 +169,7 @@ def test_bad_files_are_saved_program_errors(tmp_path: Path, monkeypatch: pytest.
         with pytest.raises(SavedProgramError, match=message) as e:
             fusegraph.load(path)
         assert str(path) in str(e.value)
-    for version in (0, container.VERSION + 1):
+    for version in (0, container.VERSION - 1, container.VERSION + 1):  # VERSION - 1: files without fused programs
         monkeypatch.setattr(container, "VERSION", version)
         fusegraph.save(fusegraph.parse_onnx(conv_silu_add_model(10)), tmp_path / f"v{version}.fgx")
         monkeypatch.undo()

@@ -20,7 +20,7 @@ from fusegraph.errors import SavedProgramError
 
 FORMAT = "fusegraph-fgx"
 #: bumped whenever the document changes meaning; a file of another version is refused
-VERSION = 2
+VERSION = 3
 
 
 def write(path: "str | os.PathLike[str]", doc: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
@@ -88,7 +88,7 @@ def _tensor_digest(tensors: dict[str, np.ndarray]) -> str:
     for name in sorted(tensors):
         arr = np.ascontiguousarray(tensors[name])
         h.update(f"{name}:{arr.dtype.str}:{list(arr.shape)};".encode())
-        h.update(arr.tobytes())
+        h.update(arr.reshape(-1).view(np.uint8))  # the bytes in place, not a copy of them
     return h.hexdigest()
 
 

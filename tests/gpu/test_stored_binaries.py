@@ -24,7 +24,7 @@ from fusegraph.saved_program import container, gpu_binaries
 from fusegraph.saved_program.kernel_binaries import binaries_from_json, binaries_to_json
 from fusegraph.targets.gpu import stored_binaries
 from fusegraph.targets.gpu.stored_binaries import StoredBinary
-from tests.helpers import conv_silu_add_model
+from tests.helpers import conv_silu_add_model, has_gpu
 
 ENV = "cuda-sm90|triton-test"
 
@@ -96,8 +96,9 @@ def _saved(folder: str) -> tuple[list, list[StoredBinary], Path]:
     container.write(path, {"binaries": doc}, tensors)
     read_doc, read_tensors = container.read(path)
     loaded = binaries_from_json(read_doc["binaries"], read_tensors, str(path))[ENV]
-    assert [(b.digest, b.config, b.triton_hash, b.files) for b in loaded] == \
-        [(b.digest, b.config, b.triton_hash, b.files) for b in binaries]
+    assert [(b.digest, b.config, b.triton_hash, b.files, b.signature) for b in loaded] == \
+        [(b.digest, b.config, b.triton_hash, b.files, b.signature) for b in binaries]
+    assert all(b.signature and any(t.startswith("*") for t in b.signature) for b in loaded)
     return kernels, loaded, path
 
 
@@ -107,8 +108,10 @@ def scenario_round_trip_without_compiling(folder: str) -> int:
     kernels, loaded, path = _saved(folder)
     os.environ["TRITON_CACHE_DIR"] = f"{folder}/load-1"  # an empty cache: another machine of the same kind
     with _NoCompiling():
-        used, compiled = stored_binaries.install(kernels, loaded, str(path), _build)
-        assert (used, compiled) == (len(loaded), 0)
+        done = stored_binaries.install(kernels, loaded, str(path), _build)
+        used = done.used
+        assert (done.used, done.compiled) == (len(loaded), 0)
+        assert [name for name, _ in done.lookup] == [k.src.name for k in kernels][:len(done.lookup)]
         again = _build(kernels[0])  # the first launch's lookup: a hit in Triton's own cache
     assert again.hash == loaded[0].triton_hash
     assert again.asm["cubin"] == next(v for n, v in loaded[0].files.items() if n.endswith(".cubin"))
@@ -132,8 +135,8 @@ def scenario_a_key_triton_does_not_compute_is_not_used(folder: str) -> tuple[int
     meta["hash"] = fake
     forged = StoredBinary(b.digest, b.config, fake, {**b.files, meta_name: json.dumps(meta).encode()})
     os.environ["TRITON_CACHE_DIR"] = f"{folder}/load-2"
-    used, compiled = stored_binaries.install(kernels[:1], [forged], str(path), _build)
-    return used, compiled, get_cache_manager(fake).get_group(meta_name) is not None
+    done = stored_binaries.install(kernels[:1], [forged], str(path), _build)
+    return done.used, done.compiled, get_cache_manager(fake).get_group(meta_name) is not None
 
 
 def scenario_bad_binaries_are_refused(folder: str) -> list[str]:
@@ -202,3 +205,94 @@ def test_a_load_refuses_a_damaged_binary_and_says_once_when_binaries_are_for_ano
     x = {"x": np.random.default_rng().standard_normal((1, 3, 8, 8), dtype=np.float32),
          "y": np.random.default_rng().standard_normal((1, 4, 1, 1), dtype=np.float32)}
     np.testing.assert_array_equal(loaded.run(x)["out"], compiled.run(x)["out"])
+
+
+def test_a_launch_signature_holds_only_triton_type_names(tmp_path: Path) -> None:
+    """A load has Triton build launchers from stored signatures before any check of the kernels
+    against them, so anything but Triton's type names is refused when the file is read."""
+    files = {"k.json": b"{}", "k.cubin": b"\0"}
+    good = StoredBinary("0123456789abcdef", {"BLOCK": 64}, "a" * 64, files, ("*fp16", "*fp32", "i32", "constexpr"))
+    doc, tensors = binaries_to_json(ENV, [good])
+    assert binaries_from_json(doc, tensors, "f.fgx")[ENV][0].signature == good.signature
+    for bad in (["*fp16", "i32); system(\"x\""], ["*fp16", 3], "i32", ["i32"] * 1000):
+        entry = dict(doc[ENV][0], signature=bad)
+        with pytest.raises(SavedProgramError, match="stored binary 0 .* malformed .*launch signature"):
+            binaries_from_json({ENV: [entry]}, tensors, "f.fgx")
+    unsigned = dict(doc[ENV][0])
+    del unsigned["signature"]  # a binary whose signature Triton did not give as names
+    assert binaries_from_json({ENV: [unsigned]}, tensors, "f.fgx")[ENV][0].signature is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_gpu(), reason="binaries, launchers and CUDA graphs need a GPU")
+def test_a_load_on_a_gpu_prepares_every_kernel_and_the_first_run_replays(tmp_path: Path) -> None:
+    """On the GPU: the load hands Triton the stored binaries (compiling none), builds the
+    launchers, loads every module and captures the graph of NumPy inputs; the first run then
+    replays it and gives the fresh compile's outputs bit for bit."""
+    import torch
+
+    program = fusegraph.parse_onnx(conv_silu_add_model(3))
+    compiled = fusegraph.compile(program, "gpu", fp16=True)
+    fusegraph.save(compiled, tmp_path / "g.fgx")
+    doc, _ = container.read(tmp_path / "g.fgx")
+    (entries,) = doc["binaries"].values()
+    assert all(e.get("signature") for e in entries)
+    loaded = fusegraph.load(tmp_path / "g.fgx")
+    ready = [stored_binaries.warm_up(k) for k in loaded.kernels]
+    assert all(k._run is not None and k.module is not None for k in ready)
+    assert loaded.last_capture and len(loaded._graphs) == 1
+    loaded.last_capture = {}
+    x = {k: np.random.default_rng().standard_normal(s.lens).astype(s.dtype.numpy) for k, s in loaded.input_shapes.items()}
+    got = loaded.run(x)
+    torch.cuda.synchronize()
+    assert loaded.last_capture == {}  # replayed the graph the load captured
+    want = compiled.run(x)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+class _FakeKernel:
+    """What load_handles reads of Triton's CompiledKernel: name, src.signature, metadata, _run."""
+
+    def __init__(self, name: str, signature: tuple[str, ...]) -> None:
+        from types import SimpleNamespace
+
+        self.name, self.metadata, self._run = name, SimpleNamespace(), None
+        self.src = SimpleNamespace(signature=dict(enumerate(signature)))
+        self.handled = 0
+
+    def _init_handles(self) -> None:
+        self.handled += 1
+
+
+def test_launch_preparation_builds_one_launcher_per_signature_and_loads_every_kernel() -> None:
+    import threading
+
+    from fusegraph.targets.gpu import launch_prep
+
+    built, lock = [], threading.Lock()
+
+    def launcher(src, metadata):
+        with lock:
+            built.append(tuple(src.signature.values()))
+
+    kernels = [_FakeKernel(f"k{i}", sig) for i, sig in enumerate(
+        [("*fp16", "i32"), ("*fp16", "i32"), ("*fp32", "constexpr"), ("*fp16", "*fp16", "i32")])]
+    times = launch_prep.load_handles(kernels, launcher)
+    assert sorted(built) == sorted({("*fp16", "i32"), ("*fp32", "constexpr"), ("*fp16", "*fp16", "i32")})
+    assert [k.handled for k in kernels] == [1, 1, 1, 1] and [n for n, _ in times] == ["k0", "k1", "k2", "k3"]
+    early = launch_prep.EarlyStart(lambda: 1 / 0)  # a failure ahead of time is left to Triton
+    early.wait()
+    assert isinstance(early.error, ZeroDivisionError)
+
+
+def test_this_triton_says_whether_it_compiles_launchers_per_signature() -> None:
+    """Triton 3.6 (the GPU machine's) has `make_launcher`; 3.9 launches through one generic launcher."""
+    triton = pytest.importorskip("triton")
+    from fusegraph.targets.gpu import launch_prep
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    if (major, minor) <= (3, 6):
+        assert launch_prep.per_signature_launchers()
+    elif (major, minor) >= (3, 9):
+        assert not launch_prep.per_signature_launchers()

@@ -132,7 +132,7 @@ class CompiledProgram:
         self.device = device
         self.compile_seconds = compile_seconds
         self.startup_seconds = 0.0  # torch import and CUDA context, paid once per process
-        self.phase_seconds: dict[str, float] = {}  # fuse, generate, build, tune: where a compile went
+        self.phase_seconds: dict[str, float] = {}  # seconds per compile phase (fuse ... build, tune)
         self.build_report: Any = None  # the parallel build's report (parallel_compile.BuildReport), if tuned
         self.options = options
         self.interpreted = device == "cpu"
@@ -147,6 +147,7 @@ class CompiledProgram:
             raise out_of_memory(plan, device) from None
         self._graphs: dict[tuple, tuple[Any, BoundProgram]] = {}  # input addresses -> CUDA graph
         self._graph_key: tuple | None = None  # the graph `replay` runs
+        self.last_capture: dict[str, float] = {}  # seconds of the last capture's steps
         self.bound: BoundProgram | None = None
 
     def _allocate(self, main: Any, plan: MemoryPlan, device: Any, weights: WeightPool | None) -> None:
@@ -246,6 +247,18 @@ class CompiledProgram:
             self._staged[name] = torch.empty(max(1, p.shape.elements), dtype=dtype, device=self.device)
         return self._staged[name]
 
+    def prepare(self) -> None:
+        """Capture, ahead of the first run, the CUDA graph that runs NumPy inputs (copied into
+        staging buffers at fixed addresses): the first such run then only copies and replays.
+        The staging buffers hold zeros meanwhile (valid indices for any gather)."""
+        if self.interpreted:
+            return
+        staged = {}
+        for name, p in self._params.items():
+            staged[name] = self._staging(name, p, torch_dtype(p.shape.dtype))
+            staged[name].zero_()
+        self._bind(staged, capture=True)
+
     def bind(self, inputs: Mapping[str, Any], *, capture: bool = True) -> BoundProgram:
         """Bind inputs without running: host arrays are copied to the device, device tensors
         used in place. On a GPU `capture` also captures the CUDA graph `replay()` runs (once per
@@ -263,14 +276,18 @@ class CompiledProgram:
             return bound
         key = tuple(t.data_ptr() for t in tensors.values())
         if key not in self._graphs:
+            start = time.perf_counter()
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 bound.launch_all()  # compiles and warms up outside the capture
             torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            captured = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 bound.launch_all()
+            self.last_capture = {"first launches": captured - start, "CUDA graph capture": time.perf_counter() - captured}
             if len(self._graphs) >= 4:
                 self._graphs.pop(next(iter(self._graphs)))
             self._graphs[key] = (graph, bound)

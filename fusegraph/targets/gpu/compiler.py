@@ -6,7 +6,8 @@ import copy
 import json
 import os
 import time
-from typing import Callable
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Callable, Iterator
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Program
@@ -34,13 +35,25 @@ def _is_fused_program(program: Program) -> bool:
 def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, allow_tf32: bool = False,
                 tune: bool = True, exhaustive_tune: bool = False,
                 progress: Callable[[str, int, int], None] | None = None,
-                weights: WeightPool | None = None) -> CompiledProgram:
+                weights: WeightPool | None = None, prepared: bool = False,
+                timer: Callable[[str], AbstractContextManager[None]] | None = None) -> CompiledProgram:
     """Compile `program` (fused here unless it already is; a copy, the argument is kept).
 
     fp16/bf16 convert weights and inputs before fusion; products accumulate in fp32. Without
     a GPU the kernels run under Triton's interpreter and are not tuned. Programs compiled with
-    one `weights` pool share the device copies of equal literals.
+    one `weights` pool share the device copies of equal literals. `prepared`: `program` is
+    what this function compiles after conversion and fusion (a saved program's fused form),
+    taken as it is and kept by the result. `timer(phase)` times each phase (a load's report).
     """
+    phases: dict[str, float] = {}  # where the compile went (perf and the load report print it)
+
+    @contextmanager
+    def phase(name: str) -> Iterator[None]:
+        began = time.monotonic()
+        with timer(name) if timer else nullcontext():
+            yield
+        phases[name] = phases.get(name, 0.0) + time.monotonic() - began
+
     start = time.monotonic()
     interpret = use_interpreter_without_gpu()
     device = "cpu" if interpret else "cuda"
@@ -51,16 +64,23 @@ def compile_gpu(program: Program, *, fp16: bool = False, bf16: bool = False, all
     # importing torch and creating the CUDA context happen once per process, not per compile
     startup = time.monotonic() - start
     start = time.monotonic()
-    p = _fused_copy(program, fp16, bf16)
-    fused_at = time.monotonic()
-    plan = plan_program(p.main)
+    if prepared:
+        p = program
+    else:
+        with phase("fuse"):
+            p = _fused_copy(program, fp16, bf16)
+    with phase("plan memory"):
+        plan = plan_program(p.main)
     fused = [i for i in p.main if is_fused(i)]
-    sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
+    with phase("generate kernels"):
+        sources = [generate(ins, pos, kernel_inputs(ins, plan), allow_tf32, interpret) for pos, ins in enumerate(fused)]
     _plan_scratch(plan, sources)
-    kernels = _kernels(fused, sources, plan, interpret, progress)
+    with phase("import kernels"):
+        kernels = _kernels(fused, sources, plan, interpret, progress)
     options = {"fp16": fp16, "bf16": bf16, "allow_tf32": allow_tf32}
-    compiled = CompiledProgram(p, kernels, plan, device, 0.0, options, weights)
-    compiled.phase_seconds = {"fuse": fused_at - start, "generate": time.monotonic() - fused_at}
+    with phase("upload weights"):
+        compiled = CompiledProgram(p, kernels, plan, device, 0.0, options, weights)
+    compiled.phase_seconds = phases
     if tune:
         tune_program(compiled, exhaustive_tune, progress)
     compiled.compile_seconds = time.monotonic() - start

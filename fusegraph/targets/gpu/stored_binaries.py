@@ -16,9 +16,10 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from fusegraph.errors import SavedProgramError
@@ -34,6 +35,9 @@ class StoredBinary:
     config: Config
     triton_hash: str  # Triton's cache key of the compiled kernel
     files: dict[str, bytes]  # the cache entry's files by name: "<kernel>.json", "<kernel>.cubin"
+    #: Triton's type name of each kernel argument ("*fp16", "i32", "constexpr"): what a load
+    #: builds the kernel's launcher from ahead of time (launch_prep); None when not known
+    signature: tuple[str, ...] | None = None
 
 
 def environment(capability: tuple[int, int] | None = None) -> str:
@@ -57,7 +61,15 @@ def from_compiled_kernel(kernel: Any, digest: str, config: Config) -> StoredBina
     files = {name: open(path, "rb").read() for name, path in group.items() if name.endswith(KEPT_SUFFIXES)}
     if sorted(n.rsplit(".", 1)[1] for n in files) != ["cubin", "json"]:
         raise RuntimeError(f"Triton's cache entry of {kernel.name} lacks its metadata or cubin: {sorted(group)}")
-    return StoredBinary(digest, dict(config), kernel.hash, files)
+    return StoredBinary(digest, dict(config), kernel.hash, files, launch_signature(kernel))
+
+
+def launch_signature(kernel: Any) -> tuple[str, ...] | None:
+    """The argument type names of Triton's CompiledKernel `kernel`, when Triton gives them as names."""
+    signature = getattr(getattr(kernel, "src", None), "signature", None)
+    if not isinstance(signature, dict) or not all(isinstance(v, str) for v in signature.values()):
+        return None
+    return tuple(signature.values())
 
 
 def warm_up(kernel: Any) -> Any:
@@ -82,15 +94,27 @@ def collect(kernels: list[Any], compile_one: Callable[[Any], Any] = warm_up) -> 
     return list(out.values())
 
 
+@dataclass
+class Installed:
+    """What `install` did: kernels whose binary Triton took (`used`), kernels compiled because
+    none matched, Triton's CompiledKernel of each, and seconds by step."""
+
+    used: int = 0
+    compiled: int = 0
+    kernels: list[Any] = field(default_factory=list)
+    #: per kernel: Triton computing its key and reading the binary from the private cache
+    lookup: list[tuple[str, float]] = field(default_factory=list)
+    copy_seconds: float = 0.0  # the matched binaries written into Triton's own cache
+
+
 def install(kernels: list[Any], binaries: list[StoredBinary], where: str,
-            compile_one: Callable[[Any], Any] = warm_up) -> tuple[int, int]:
-    """Hand each kernel's stored binary to Triton (see the module's doc); returns (used, compiled):
-    kernels whose binary Triton took, and kernels compiled because none matched."""
+            compile_one: Callable[[Any], Any] = warm_up) -> Installed:
+    """Hand each kernel's stored binary to Triton (see the module's doc)."""
     by_key = {(b.digest, json.dumps(b.config, sort_keys=True)): b for b in binaries}
     names = {k.src.digest: k.src.name for k in kernels}
     for b in binaries:
         check(b, names, where)
-    used, compiled, done = 0, 0, set()
+    out, done = Installed(), set()
     with _private_cache() as private:
         for k in kernels:
             key = (k.src.digest, json.dumps(k.config, sort_keys=True))
@@ -98,15 +122,20 @@ def install(kernels: list[Any], binaries: list[StoredBinary], where: str,
             if key in done or b is None:
                 continue
             done.add(key)
+            start = time.perf_counter()
             _put(b, private)
             with _cache_dir(private):
                 kernel = compile_one(k)
+            out.lookup.append((k.src.name, time.perf_counter() - start))
+            out.kernels.append(kernel)
             if kernel.hash == b.triton_hash:
+                start = time.perf_counter()
                 _put(b, None)
-                used += 1
+                out.copy_seconds += time.perf_counter() - start
+                out.used += 1
             else:
-                compiled += 1
-    return used, compiled
+                out.compiled += 1
+    return out
 
 
 def check(b: StoredBinary, names: dict[str, str], where: str) -> None:
