@@ -115,6 +115,9 @@ class Op:
     algorithm: ClassVar[str] = ""  # how the reduction template computes it: fold, softmax, layernorm, arg
     reduction: ClassVar[Reduction | None] = None  # for algorithm "fold"
     in_epilogue: ClassVar[bool] = False  # a reduction computed inside an anchor's epilogue (segment_softmax, epilogue_sum)
+    # its algebraic role, for rewrites that move constants or recognize masks without naming ops:
+    # "sum", "product", "quotient" (a / b), "select" (cond ? a : b), "nan_test"; "" for the rest
+    algebra: ClassVar[str] = ""
 
     def __init__(self, **attrs: Any) -> None:
         self.attrs: dict[str, Any] = {k: _freeze(v) for k, v in attrs.items()}

@@ -67,11 +67,12 @@ class IntegerOp(PointwiseOp):
 
 
 def _define(name: str, arity: int, fn: Callable[..., Any], result_bool: bool = False,
-            right_identity: float | None = None, base: type[PointwiseOp] = PointwiseOp) -> type[PointwiseOp]:
+            right_identity: float | None = None, base: type[PointwiseOp] = PointwiseOp,
+            algebra: str = "") -> type[PointwiseOp]:
     cls = type(
         "Pw_" + name,
         (base,),
-        {"name": name, "arity": arity, "result_bool": result_bool,
+        {"name": name, "arity": arity, "result_bool": result_bool, "algebra": algebra,
          "right_identity": right_identity, "fn": lambda self, *a: fn(*a)},
     )
     return register(cls)
@@ -104,10 +105,10 @@ def _round_half_even(a: np.ndarray) -> np.ndarray:
     return np.round(a)
 
 
-_define("add", 2, np.add, right_identity=0)
+_define("add", 2, np.add, right_identity=0, algebra="sum")
 _define("sub", 2, np.subtract, right_identity=0)
-_define("mul", 2, np.multiply, right_identity=1)
-_define("div", 2, _int_div, right_identity=1)
+_define("mul", 2, np.multiply, right_identity=1, algebra="product")
+_define("div", 2, _int_div, right_identity=1, algebra="quotient")
 _define("pow", 2, _pow)
 _define("max", 2, np.maximum)
 _define("min", 2, np.minimum)
@@ -147,7 +148,7 @@ _define("acosh", 1, np.arccosh)
 _define("atanh", 1, np.arctanh)
 _define("softplus", 1, lambda a: np.logaddexp(a.dtype.type(0), a))
 _define("softsign", 1, lambda a: a / (a.dtype.type(1) + np.abs(a)))
-_define("isnan", 1, np.isnan, True)
+_define("isnan", 1, np.isnan, True, algebra="nan_test")
 # ONNX Mod: the remainder takes the divisor's sign (integers only); Fmod takes the dividend's (C fmod)
 _define("mod", 2, np.mod)
 _define("fmod", 2, np.fmod)
@@ -190,6 +191,7 @@ class Where(PointwiseOp):
 
     name = "where"
     arity = 3
+    algebra = "select"
 
     def type_operands(self) -> slice:
         return slice(1, None)

@@ -84,7 +84,7 @@ class FoldIntoWeights:
             done = False
             if ins.op.name == "batch_norm":
                 done = self._fold_batch_norm(module, ins, users)
-            elif ins.op.name == "mul":
+            elif ins.op.algebra == "product":
                 done = self._fold_scale(module, ins, users)
             if done:  # the rewrite only touched this instruction's producers
                 users = module.users()
@@ -96,7 +96,7 @@ class FoldIntoWeights:
         x = bn.inputs[0]
         bias0 = None
         anchor = x
-        if x.op.name == "add" and _only_reader(users, x, module):
+        if x.op.algebra == "sum" and _only_reader(users, x, module):
             anchor, bias0 = x.inputs[0], broadcast_literal(x.inputs[1])
             if bias0 is None:
                 return False

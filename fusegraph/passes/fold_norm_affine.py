@@ -62,7 +62,7 @@ def _bias_add(module: Module, product: Instruction) -> tuple[Instruction, np.nda
     """The product's bias add (its only reader, adding a constant vector over the output's last
     axis) and that vector, or the product itself and None."""
     readers = module.users().get(product, [])
-    if len(readers) != 1 or readers[0].op.name != "add" or product in module.returns:
+    if len(readers) != 1 or readers[0].op.algebra != "sum" or product in module.returns:
         return product, None
     add = readers[0]
     other = add.inputs[1] if add.inputs[0] is product else add.inputs[0]

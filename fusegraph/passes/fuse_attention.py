@@ -70,12 +70,12 @@ def uniform_value(ins: Instruction) -> float | None:
 
 def _scalar_factor(x: Instruction) -> tuple[Instruction, float] | None:
     """`(y, c)` when `x` is `y * c`, `c * y` or `y / c` for a constant scalar c."""
-    if x.op.name == "mul":
+    if x.op.algebra == "product":
         for i in (0, 1):
             c = uniform_value(x.inputs[1 - i])
             if c is not None:
                 return x.inputs[i], c
-    if x.op.name == "div":
+    if x.op.algebra == "quotient":
         c = uniform_value(x.inputs[1])
         if c:
             return x.inputs[0], 1.0 / c
@@ -85,9 +85,9 @@ def _scalar_factor(x: Instruction) -> tuple[Instruction, float] | None:
 def _mask_steps(x: Instruction) -> list[tuple[Instruction, _Mask]]:
     """The ways `x` can be (scores, mask): an add of either operand, or a `where` with a
     large negative constant on one side."""
-    if x.op.name == "add":
+    if x.op.algebra == "sum":
         return [(x.inputs[i], _Mask(x, additive=x.inputs[1 - i])) for i in (0, 1)]
-    if x.op.name == "where":
+    if x.op.algebra == "select":
         cond, a, b = x.inputs
         out = []
         for inner, other, keep in ((a, b, True), (b, a, False)):
@@ -280,8 +280,8 @@ def _nan_guard(x: Instruction, readers: list[Instruction], users: dict[Instructi
     """The `where(isnan(x), 0, x)` that, with its `isnan`, alone reads `x`; else None."""
     if len(readers) != 2:
         return None
-    nan = [r for r in readers if r.op.name == "isnan"]
-    guard = [r for r in readers if r.op.name == "where"]
+    nan = [r for r in readers if r.op.algebra == "nan_test"]
+    guard = [r for r in readers if r.op.algebra == "select"]
     if len(nan) != 1 or len(guard) != 1 or users.get(nan[0]) != guard:
         return None
     w = guard[0]

@@ -67,7 +67,7 @@ class PadChannelGroups:
         (nxt, *more) = users.get(conv, []) or [None]
         if more or nxt is None or conv in module.returns:
             return False
-        if nxt.op.name == "add" and nxt.inputs[0] is conv:
+        if nxt.op.algebra == "sum" and nxt.inputs[0] is conv:
             value = broadcast_literal(nxt.inputs[1])
             if value is None or value.shape[0] != 1:
                 return False
