@@ -54,10 +54,11 @@ def torch_to_host(t: Any) -> np.ndarray:
     """A NumPy copy of tensor `t` (bfloat16 as ml_dtypes' bfloat16)."""
     import torch
 
+    on_host = t.device.type == "cpu"
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(DType.bfloat16.numpy).copy()
-    return t.numpy().copy()
+    return t.numpy().copy() if on_host else t.numpy()  # a device tensor's .cpu() is already a copy
 
 
 def torch_dtype(d: DType) -> Any:
@@ -225,7 +226,9 @@ class CompiledProgram:
                     raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected {list(p.shape.lens)}")
                 staging = self._staging(name, p, want)
                 if arr.size:
-                    staging[:arr.size].copy_(host_to_torch(arr.astype(p.shape.dtype.numpy, copy=False)).reshape(-1))
+                    # torch converts float types (vectorized, rounding to nearest even as NumPy does):
+                    # NumPy's element-by-element float16 conversion costs more than the copy itself
+                    staging[:arr.size].copy_(host_to_torch(arr).reshape(-1))
                 v = staging
             else:
                 if tuple(v.shape) != p.shape.lens:
