@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
+import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -128,11 +130,28 @@ def compile_fusegraph(program: Program, device: torch.device, fp16: bool = True,
     if device.type != "cuda":
         return None, "fusegraph's GPU target needs CUDA"
     try:
-        compiled = fusegraph.compile(program, "gpu", fp16=fp16, exhaustive_tune=exhaustive_tune)
+        compiled = fusegraph.compile(program, "gpu", fp16=fp16, exhaustive_tune=exhaustive_tune,
+                                     progress=progress_log())
     except Exception as e:  # report, never abort the torch contenders
         traceback.print_exc()
         return None, f"compile failed: {first_line(e)}"
     return FusegraphRunner(compiled), ""
+
+
+def progress_log(every_s: float = 15.0) -> Callable[[str, int, int], None]:
+    """Compile progress as a line on stderr every `every_s` seconds and at each phase's end:
+    a benchmark's log then says where a compile cut short by its time limit was (building or
+    tuning, how far), where a progress bar would leave one overwritten line."""
+    start = time.monotonic()
+    last = [start]
+
+    def show(what: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done >= total or now - last[0] >= every_s:
+            last[0] = now
+            print(f"   [{now - start:6.1f} s] {what} {done}/{total}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def bench_parser(doc: str) -> argparse.ArgumentParser:

@@ -54,7 +54,11 @@ for s in $steps; do
     attention_bench) step attention_bench timeout 150 $py bench/attention.py ;;
     saved_load) step saved_load timeout 120 $py bench/saved_load.py ;;
     dynamic_batch) step dynamic_batch timeout 180 $py bench/dynamic_batch.py ;;
-    serve_bench) step serve_bench timeout 120 $py bench/serve.py --model yolov5s ;;
+    serve_bench) # the server travels as .work/tritonserver.tar.xz (tools/pack_tritonserver.sh; carry .work)
+               if [ -f .work/tritonserver.tar.xz ]; then mkdir -p /tmp/tritonserver-site && tar xJf .work/tritonserver.tar.xz -C /tmp/tritonserver-site \
+                 && touch /tmp/tritonserver-site/pytriton/__init__.py; fi
+               step serve_compile timeout 300 $py -m fusegraph.driver.cli compile yolov5s --fp16 --batch ${SERVE_BATCH:-1..32} -o /tmp/serve-yolov5s.fgx
+               step serve_bench timeout 240 env PYTHONPATH=$PYTHONPATH:/tmp/tritonserver-site $py bench/serve.py --model /tmp/serve-yolov5s.fgx --seconds 10 --name serve-yolov5s ;;
     *) echo "unknown step $s" ;;
   esac
 done

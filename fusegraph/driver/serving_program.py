@@ -91,9 +91,9 @@ def load_batched(path: "str | Path", target: str, fp16: bool, max_batch: int) ->
 
     An ONNX model is compiled for the range when fusegraph has dynamic-batch programs
     (`fusegraph.compile_dynamic_batch`: one program per power of two, a batch runs the next size
-    up) and the model can be re-batched; otherwise, and for a .fgx file (a saved compiled program
-    keeps its own target and options), the program of the model's own batch runs as often as
-    needed (`BatchedProgram`)."""
+    up) and the model can be re-batched, and a .fgx file saved from such a range answers it
+    itself; otherwise, and for other .fgx files (a saved compiled program keeps its own target
+    and options), the program of the model's own batch runs as often as needed (`BatchedProgram`)."""
     import fusegraph
     from fusegraph import api
     from fusegraph.errors import FusegraphError
@@ -107,6 +107,11 @@ def load_batched(path: "str | Path", target: str, fp16: bool, max_batch: int) ->
 
             warnings.warn(f"{path.name}: no dynamic-batch program ({e}); serving the model's own batch")
     loaded = fusegraph.load(path) if path.suffix.lower() == ".fgx" else fusegraph.parse_onnx(path)
+    if getattr(loaded, "sizes", None):  # a saved dynamic batch answers its range itself
+        if max_batch > loaded.max_batch:
+            raise ArgumentError(f"{path.name} answers batches of 1 to {loaded.max_batch} (compiled with "
+                                f"--batch {loaded.sizes[0]}..{loaded.max_batch}); the server's max batch is {max_batch}")
+        return loaded
     if api.compiled_target(loaded) is None:
         loaded = api.compile(loaded, target, fp16=fp16)
     return BatchedProgram(loaded, max_batch)

@@ -119,6 +119,26 @@ def test_what_the_server_loads_answers_every_batch(small_model, fp16):
         assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < (1e-2 if fp16 else 1e-6)
 
 
+def test_a_saved_dynamic_batch_is_served_for_its_range(small_model, tmp_path):
+    """A .fgx of a batch range answers each batch with its own program (no padding to the
+    largest); a server wanting more than the range is refused by name."""
+    from fusegraph.driver.serving_program import load_batched
+    from fusegraph.errors import ArgumentError
+
+    saved = tmp_path / "small-dynamic.fgx"
+    assert main(["compile", small_model, "--target", "ref", "--batch", "1..4", "-o", str(saved)]) == 0
+    program = load_batched(saved, "ref", False, 4)
+    rng = np.random.default_rng()
+    for n in (1, 3, 4):
+        inputs = _inputs(n, rng)
+        got = program.run(inputs)["out"]
+        expected = _per_sample(small_model, inputs)
+        assert got.shape == expected.shape
+        assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-6
+    with pytest.raises(ArgumentError, match="small-dynamic.fgx answers batches of 1 to 4"):
+        load_batched(saved, "ref", False, 8)
+
+
 def _free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
