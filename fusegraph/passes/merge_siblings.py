@@ -14,9 +14,12 @@ only where that is the whole story:
 * each sibling's group (asked of `fuse_anchors.anchor_group`, the rule fusion applies) is the
   anchor plus pointwise ops whose other operands are constants (a folded bias, a scale), and
   the groups are isomorphic, op for op; the merged epilogue reads the constants stacked along
-  channels, so it splits by output channel without any branch or domain. A sibling whose
-  kernel would also hold a view, a reduction or a computed operand (which could depend on
-  another sibling's result: a cycle) does not merge;
+  channels, so it splits by output channel without any branch or domain. A sibling's group is
+  cut after that pointwise part: the views its kernel would also hold (BERT's head splits of
+  Q, K and V, each its own reshape and transpose) stay behind as readers of its slice, and the
+  kernels reading them (the attention kernel) read through their maps. A sibling whose
+  pointwise part holds a reduction or a computed operand (which could depend on another
+  sibling's result: a cycle) does not merge;
 * no sibling's result is returned, and the results that feed a concat (along the channel axis)
   feed one concat, at a run of its slots at its start or its end. The merged output is ordered
   so that this run faces the concat and the other siblings' channels lie outside it: concat
@@ -85,6 +88,23 @@ def _constant(x: Instruction, anchor: Instruction) -> np.ndarray | None:
     """The value of side operand `x` at the anchor's rank when it is a constant, else None."""
     value = broadcast_literal(x)
     return value if value is not None and value.ndim == anchor.shape.ndim else None
+
+
+def _pointwise_prefix(s: _Sibling) -> _Sibling:
+    """The sibling cut after its pointwise epilogue: views that follow (a head split) stay
+    behind as readers of its slice of the merged output, which fusion then stores through."""
+    index = {id(s.anchor)}
+    members = [s.anchor]
+    for m in s.members[1:]:
+        if m.op.kind != OpKind.POINTWISE or m.shape.lens != s.anchor.shape.lens:
+            break
+        if not all(id(x) in index or _constant(x, s.anchor) is not None for x in m.inputs):
+            break
+        members.append(m)
+        index.add(id(m))
+    if len(members) == len(s.members):
+        return s
+    return _Sibling(s.anchor, members[-1], members)
 
 
 def _signature(s: _Sibling) -> Hashable | None:
@@ -238,7 +258,7 @@ class MergeSiblings:
                 continue
             classes: dict[Hashable, list[_Sibling]] = {}
             for a in anchors:
-                s = _Sibling(a, *anchor_group(module, a))
+                s = _pointwise_prefix(_Sibling(a, *anchor_group(module, a)))
                 sig = _signature(s)
                 if sig is not None:
                     classes.setdefault(sig, []).append(s)
