@@ -179,7 +179,6 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
     plans: dict[tuple, list[Config]] = {}  # one plan per distinct kernel (source and argument types)
     jobs = []
     for k in compiled.kernels:
-        dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
         key = _tuning_key(k)
         if key in plans:  # a repeated block's kernel: built and timed once
             continue
@@ -188,6 +187,7 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
             plans[key] = [cached]
             continue
         plans[key] = k.src.configs if exhaustive else k.src.configs[:k.src.default_tune or DEFAULT_TUNE_CONFIGS]
+        dtypes = [torch_dtype(b.shape.dtype) for b in k.args]
         jobs += [(k.src, dtypes, c) for c in plans[key]]
     started = time.monotonic()
     build = compile_all(jobs, progress)
