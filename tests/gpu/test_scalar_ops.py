@@ -34,6 +34,13 @@ def test_integer_cases_win_over_the_template():
         "libdevice.pow(a.to(tl.float64), b.to(tl.float64)).to(tl.int32)"
 
 
+def test_float_division_is_correctly_rounded_where_triton_would_approximate():
+    """The GPU's fp32 `/` is up to 2 ulp off (a quantizer's half-way case flips); fp64's is exact."""
+    assert pointwise(make_op("div"), operands("a", "b")) == "tl.math.div_rn(a, b)"
+    assert pointwise(make_op("div"), operands("a", "b", first=DType.float16, out=DType.float16)) == "tl.math.div_rn(a, b)"
+    assert pointwise(make_op("div"), operands("a", "b", first=DType.float64, out=DType.float64)) == "(a / b)"
+
+
 def test_convert_casts_to_the_compute_type_or_to_bool():
     assert pointwise(make_op("convert", target=DType.float16), operands("x", out=DType.float16)) == "x.to(tl.float32)"
     assert pointwise(make_op("convert", target=DType.bool), operands("x", out=DType.bool)) == "(x != 0)"

@@ -207,6 +207,16 @@ def _integer_div(op: Op, x: Operands) -> str | None:
     return f"({x.codes[0]} // {x.codes[1]})" if x.first.is_integer else None
 
 
+@case("div")
+def _rounded_div(op: Op, x: Operands) -> str | None:
+    """Triton's `/` on fp32 is the GPU's approximate division (up to 2 ulp off), which is enough
+    to flip a quantizer's round-half-to-even (DynamicQuantizeLinear's -2.5 / (5/255) lands on
+    -127.5 instead of just above it); ONNX's Div is IEEE division, so fp32 divides correctly rounded."""
+    if x.first.is_integer or compute_type(x.out) != DType.float32:
+        return None
+    return f"tl.math.div_rn({x.codes[0]}, {x.codes[1]})"
+
+
 @case("relu")
 def _integer_relu(op: Op, x: Operands) -> str | None:
     return f"tl.maximum({x.codes[0]}, 0)" if x.first.is_integer else None
