@@ -73,15 +73,19 @@ class DynamicBatchProgram:
             raise InputError(f"batch {batch!r} is outside 1..{self.max_batch}, the sizes this program was compiled for")
         return next(s for s in self.sizes if s >= batch)
 
-    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, Any], *,
+            output_dtypes: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """Outputs by name for `inputs` of one batch b (the first dimension of each), b in 1..max_batch.
+        `output_dtypes` converts the named outputs (on the device for the gpu target): a server
+        of a half-precision program answers in the model's own float32 (`model_specs`).
         Safe to call from several threads: runs take turns."""
         arrays, batch = self._checked(inputs)
         size = self.size_for(batch)
         with self._lock:
-            return self._run(arrays, batch, size)
+            return self._run(arrays, batch, size, dict(output_dtypes or {}))
 
-    def _run(self, arrays: dict[str, np.ndarray], batch: int, size: int) -> dict[str, np.ndarray]:
+    def _run(self, arrays: dict[str, np.ndarray], batch: int, size: int,
+             output_dtypes: dict[str, Any]) -> dict[str, np.ndarray]:
         self.tune(size)
         compiled = self.programs[size]
         if self.target == "gpu":
@@ -89,11 +93,22 @@ class DynamicBatchProgram:
                 from fusegraph.targets.gpu.batch_padding import DevicePadding
 
                 self._padding = DevicePadding()
-            outputs = self._padding.run(compiled, size, arrays)
-        else:
-            outputs = compiled.run({k: pad_to(v, size, self.input_specs[k][0]) for k, v in arrays.items()})
+            return self._padding.run(compiled, size, arrays, output_dtypes)  # new arrays of `batch` samples
+        outputs = compiled.run({k: pad_to(v, size, self.input_specs[k][0]) for k, v in arrays.items()})
         # a padded answer is copied, so no view of it reaches the padded samples
-        return {k: np.asarray(v)[:batch].copy() if batch < size else np.asarray(v) for k, v in outputs.items()}
+        return {k: np.asarray(v)[:batch].astype(output_dtypes.get(k, np.asarray(v).dtype), copy=batch < size)
+                for k, v in outputs.items()}
+
+    def model_specs(self) -> tuple[dict[str, Spec], dict[str, Spec]]:
+        """The input and output specs in the model's own dtypes (what it was compiled from,
+        before half precision): the dtypes a server declares."""
+        source = getattr(self.programs[self.max_batch], "source_program", None)
+        if source is None:
+            return dict(self.input_specs), dict(self.output_specs)
+        ins = {k: (np.dtype(s.dtype.numpy), self.input_specs[k][1]) for k, s in source.input_shapes.items()}
+        main = source.main
+        outs = {k: (np.dtype(r.shape.dtype.numpy), self.output_specs[k][1]) for k, r in zip(main.return_names, main.returns)}
+        return ins, outs
 
     def input_shapes_at(self, batch: int) -> dict[str, Any]:
         """Each input's Shape for a request of `batch` samples."""

@@ -130,6 +130,26 @@ def test_specs_give_the_compiled_dtypes() -> None:
     assert dynamic.run(x)["out"].dtype == np.float16
 
 
+@pytest.mark.parametrize("target", ["ref", "gpu"])
+def test_a_half_precision_batch_answers_in_the_model_s_dtypes_when_asked(target) -> None:
+    """What a server of an fp16 program needs: float32 in (of any batch, padded), float32 out
+    (converted on the device for the gpu target), every sample within fp16's error of the
+    model run sample by sample, and the model's own dtypes in `model_specs`."""
+    model = conv_silu_add_model(2)
+    dynamic = fusegraph.compile_dynamic_batch(model, (1, 4), target, fp16=True)
+    ins, outs = dynamic.model_specs()
+    assert ins["x"] == (np.dtype(np.float32), (3, 8, 8)) and outs == {"out": (np.dtype(np.float32), (4, 8, 8))}
+    rng = np.random.default_rng()
+    for batch in (1, 3, 4):
+        x = {"x": rng.standard_normal((batch, 3, 8, 8), dtype=np.float32),
+             "y": rng.standard_normal((batch, 4, 1, 1), dtype=np.float32)}
+        got = dynamic.run(x, output_dtypes={"out": np.float32})["out"]
+        assert got.dtype == np.float32 and got.shape == (batch, 4, 8, 8)
+        assert rel_err(got, per_sample(model, x)[0]) < 2e-3, batch
+        again = dynamic.run(x, output_dtypes={"out": np.float32})["out"]
+        assert np.array_equal(got, again) and not np.shares_memory(got, again)  # each answer is the caller's own
+
+
 def test_a_request_outside_the_range_or_of_mixed_batches_is_an_input_error() -> None:
     dynamic = fusegraph.compile_dynamic_batch(conv_silu_add_model(3), (1, 4), "ref")
     x, y = np.zeros((5, 3, 8, 8), np.float32), np.zeros((5, 4, 1, 1), np.float32)

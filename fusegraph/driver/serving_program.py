@@ -41,6 +41,13 @@ class BatchedProgram:
         self.compiled_dtypes = {k: d for k, (d, _) in inputs.items()}
         self.input_specs: dict[str, Spec] = {k: (d, s[1:]) for k, (d, s) in declared_inputs.items()}
         self.output_specs: dict[str, Spec] = {k: (d, s[1:]) for k, (d, s) in declared_outputs.items()}
+        self._device: Any = None  # on the gpu target: padding and dtype conversions done on the device
+        from fusegraph import api
+
+        if api.compiled_target(compiled) == "gpu":
+            from fusegraph.targets.gpu.batch_padding import DevicePadding
+
+            self._device = DevicePadding()
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = self._batch_of(inputs)
@@ -48,12 +55,18 @@ class BatchedProgram:
         parts: dict[str, list[np.ndarray]] = {k: [] for k in self.output_specs}
         for start in range(0, n, b):
             take = min(b, n - start)
-            chunk = {k: _padded(np.asarray(v)[start:start + take], b).astype(self.compiled_dtypes[k], copy=False)
-                     for k, v in inputs.items()}
-            out = self.compiled.run(chunk)
-            for k, (dtype, _) in self.output_specs.items():
-                parts[k].append(np.asarray(out[k])[:take].astype(dtype, copy=False))
+            for k, v in self._run_chunk({k: np.asarray(v)[start:start + take] for k, v in inputs.items()}).items():
+                parts[k].append(v)
         return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
+
+    def _run_chunk(self, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs of up to one compiled batch of samples, in the declared dtypes."""
+        declared = {k: dtype for k, (dtype, _) in self.output_specs.items()}
+        b, take = self.compiled_batch, len(next(iter(chunk.values())))
+        if self._device is not None:
+            return self._device.run(self.compiled, b, chunk, declared)
+        out = self.compiled.run({k: _padded(v, b).astype(self.compiled_dtypes[k], copy=False) for k, v in chunk.items()})
+        return {k: np.asarray(out[k])[:take].astype(dtype, copy=False) for k, dtype in declared.items()}
 
     def _batch_of(self, inputs: Mapping[str, np.ndarray]) -> int:
         if set(inputs) != set(self.input_specs):
@@ -69,6 +82,21 @@ class BatchedProgram:
         if len(sizes) != 1 or not 1 <= min(sizes) <= self.max_batch:
             raise InputError(f"inputs must share one batch of 1 to {self.max_batch} samples, got {sorted(sizes)}")
         return sizes.pop()
+
+
+class ServedDynamicBatch:
+    """A dynamic-batch program (`fusegraph.dynamic_batch`) answering in the model's own dtypes,
+    as a server declares them: a half-precision program takes and gives float32, converted on
+    the device."""
+
+    def __init__(self, dynamic: Any) -> None:
+        self.dynamic = dynamic
+        self.sizes: tuple[int, ...] = dynamic.sizes
+        self.max_batch: int = dynamic.max_batch
+        self.input_specs, self.output_specs = dynamic.model_specs()
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.dynamic.run(inputs, output_dtypes={k: d for k, (d, _) in self.output_specs.items()})
 
 
 def _shapes(program: Any) -> tuple[dict[str, tuple[np.dtype, tuple[int, ...]]], dict[str, tuple[np.dtype, tuple[int, ...]]]]:
@@ -101,7 +129,8 @@ def load_batched(path: "str | Path", target: str, fp16: bool, max_batch: int) ->
     path = Path(path)
     if path.suffix.lower() != ".fgx":
         try:
-            return fusegraph.compile_dynamic_batch(str(path), batch=(1, max_batch), target=target, fp16=fp16)
+            return ServedDynamicBatch(fusegraph.compile_dynamic_batch(str(path), batch=(1, max_batch), target=target,
+                                                                     fp16=fp16))
         except FusegraphError as e:
             import warnings
 
@@ -111,7 +140,7 @@ def load_batched(path: "str | Path", target: str, fp16: bool, max_batch: int) ->
         if max_batch > loaded.max_batch:
             raise ArgumentError(f"{path.name} answers batches of 1 to {loaded.max_batch} (compiled with "
                                 f"--batch {loaded.sizes[0]}..{loaded.max_batch}); the server's max batch is {max_batch}")
-        return loaded
+        return ServedDynamicBatch(loaded)
     if api.compiled_target(loaded) is None:
         loaded = api.compile(loaded, target, fp16=fp16)
     return BatchedProgram(loaded, max_batch)

@@ -113,7 +113,8 @@ def test_what_the_server_loads_answers_every_batch(small_model, fp16):
     rng = np.random.default_rng()
     for n in (1, 3, MAX_BATCH):
         inputs = _inputs(n, rng)
-        got = np.asarray(program.run(inputs)["out"], np.float32)
+        got = program.run(inputs)["out"]
+        assert got.dtype == np.float32  # the model's own dtype, as the server declares it
         expected = _per_sample(small_model, inputs)
         assert got.shape == expected.shape
         assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < (1e-2 if fp16 else 1e-6)

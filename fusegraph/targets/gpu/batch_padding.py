@@ -1,42 +1,90 @@
-"""Padding a dynamic batch's request on the device.
+"""Moving a batch's NumPy request to the device and its answer back, padded and converted there.
 
-A request of b samples runs a program compiled for a size s >= b. The b samples are copied
-once, host to device, into a tensor of s samples kept per (size, input), and the rest of it is
-filled on the device with copies of the last sample: no padded copy is made on the host, and
-the tensor's fixed address lets each size keep its captured CUDA graph.
+A request of b samples runs a program compiled for a size s >= b. Per (size, input) a device
+tensor of s samples keeps a fixed address (so each size keeps its captured CUDA graph); the b
+samples go into it and the rest is filled on the device with copies of the last sample, so no
+padded copy is made on the host.
+
+The host side is where a large batch loses its time (YOLOv5s at batch 32 moves 157 MB in and
+137 MB out for 2.4 ms of kernels), so every conversion happens on the device: a float32
+request for a half-precision program crosses as float32 and is rounded by the GPU (NumPy
+converts float16 element by element, slower than the copy), and an answer is widened there
+to the dtype the caller asks for. Transfers go through page-locked buffers kept per input and
+output: the copy engine reads and writes them at full speed, where pageable memory is staged
+by the driver in small pieces.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from fusegraph.ir.dtypes import DType
 from fusegraph.targets.gpu.compiled_program import CompiledProgram, host_to_torch, torch_dtype, torch_to_host
 
 
 class DevicePadding:
     def __init__(self) -> None:
-        self._staged: dict[tuple[int, str], Any] = {}
+        self._staged: dict[tuple[Any, ...], Any] = {}
 
-    def run(self, compiled: CompiledProgram, size: int, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run `compiled` (of batch `size`) on `arrays` (a smaller or equal batch); the first
-        samples of its outputs, as many as `arrays` hold, copied to the host."""
+    def run(self, compiled: CompiledProgram, size: int, arrays: Mapping[str, np.ndarray],
+            output_dtypes: Mapping[str, np.dtype] | None = None) -> dict[str, np.ndarray]:
+        """Run `compiled` (of batch `size`) on `arrays` (a smaller or equal batch, any float
+        dtype for a float input); the first samples of its outputs, as many as `arrays` hold,
+        as new host arrays, in `output_dtypes` where given (converted on the device)."""
         batch = next(iter(arrays.values())).shape[0] if arrays else size
         tensors = {name: self._staging(compiled, size, name, arr) for name, arr in arrays.items()}
         outputs = compiled.run(tensors)
-        return {k: torch_to_host(v[:batch]) for k, v in outputs.items()}
+        wanted = dict(output_dtypes or {})
+        return {k: self._to_host(k, v[:batch], wanted.get(k)) for k, v in outputs.items()}
 
-    def _staging(self, compiled: CompiledProgram, size: int, name: str, arr: np.ndarray) -> Any:
+    def _buffer(self, key: tuple[Any, ...], shape: tuple[int, ...], dtype: Any, device: str) -> Any:
+        """A kept buffer of at least `shape`'s elements (a view of that shape), page-locked on the host."""
         import torch
 
+        n = int(np.prod(shape, dtype=np.int64))
+        buf = self._staged.get(key)
+        if buf is None or buf.numel() < n:
+            pin = device == "cpu" and torch.cuda.is_available()
+            buf = torch.empty(max(n, 1), dtype=dtype, device=device, pin_memory=pin)
+            self._staged[key] = buf
+        return buf[:n].view(shape)
+
+    def _staging(self, compiled: CompiledProgram, size: int, name: str, arr: np.ndarray) -> Any:
         shape = compiled.input_shapes[name]
-        key = (size, name)
-        if key not in self._staged:
-            self._staged[key] = torch.empty(shape.lens, dtype=torch_dtype(shape.dtype), device=compiled.device)
-        staged = self._staged[key]
+        want = torch_dtype(shape.dtype)
+        staged = self._buffer(("input", size, name), tuple(shape.lens), want, compiled.device)
+        src = host_to_torch(arr if arr.dtype.kind == "f" or arr.dtype == shape.dtype.numpy
+                            else arr.astype(shape.dtype.numpy))
         b = arr.shape[0]
-        staged[:b].copy_(host_to_torch(arr.astype(shape.dtype.numpy, copy=False)))
+        if compiled.device != "cpu":
+            # the caller's bytes are copied once into page-locked memory, then by the copy engine
+            pinned = self._buffer(("host input", name, src.dtype), tuple(src.shape), src.dtype, "cpu")
+            pinned.copy_(src)
+            src = pinned
+        if src.dtype == want:
+            staged[:b].copy_(src, non_blocking=True)
+        else:  # crosses in the caller's dtype, converted by the device
+            raw = self._buffer(("raw input", name, src.dtype), tuple(src.shape), src.dtype, compiled.device)
+            raw.copy_(src, non_blocking=True)
+            staged[:b].copy_(raw)
         if b < size:
             staged[b:].copy_(staged[b - 1:b].expand(size - b, *shape.lens[1:]))
         return staged
+
+    def _to_host(self, name: str, value: Any, dtype: np.dtype | None) -> np.ndarray:
+        """`value` (a device tensor) as a new NumPy array of `dtype` (its own when None)."""
+        import torch
+
+        if dtype is not None and value.dtype != torch_dtype(DType.from_numpy(dtype)):
+            value = value.to(torch_dtype(DType.from_numpy(dtype)))
+        if value.device.type == "cpu" or value.dtype == torch.bfloat16:
+            return torch_to_host(value)
+        pinned = self._buffer(("host output", name, value.dtype), tuple(value.shape), value.dtype, "cpu")
+        pinned.copy_(value)
+        out = torch.empty(value.shape, dtype=value.dtype)  # the caller's own copy: the next run reuses `pinned`
+        out.copy_(pinned)
+        return out.numpy()
+
