@@ -1,15 +1,17 @@
 """Serving overhead: a model behind Triton (`fusegraph serve`) against the same model run directly.
 
 N clients (16 by default) on loopback each send requests of `--client-batch` samples over
-KServe v2 HTTP (binary tensors) as fast as answers come back; Triton's dynamic batcher gathers
-them into batches of up to `--max-batch` (32). Reported: served throughput (samples/s) and
+KServe v2 HTTP as fast as answers come back, with the tensors in the HTTP body (binary tensors)
+or in the client's own system shared memory region (`--transport shm`: the client writes its
+inputs into the region and copies its outputs out of it on every request); Triton's dynamic
+batcher gathers them into batches of up to `--max-batch` (32). Reported: served throughput (samples/s) and
 per-request latency p50/p99, against the direct throughput of the same compiled program
 (`run`, NumPy in and out, as the server's backend calls it) at the batch the
 clients keep in flight. The first answer is checked against the direct run. Needs a GPU and
 the nvidia-pytriton wheel (`pip install --no-deps nvidia-pytriton==0.7.0`); without the wheel
 only the direct half runs and the table says why.
 
-    python3 bench/serve.py --model yolov5s --clients 16 --max-batch 32
+    python3 bench/serve.py --model yolov5s --clients 16 --max-batch 32 --transport both
 """
 
 from __future__ import annotations
@@ -72,19 +74,26 @@ def time_direct(program, batch: int, seconds: float, seed: int) -> tuple[float, 
     return batch / median, median * 1e3
 
 
-def time_served(server, specs: dict, clients: int, client_batch: int, seconds: float, seed: int):
-    """Samples/s, p50 and p99 latency (ms) and request count of `clients` concurrent clients."""
+def _client(server, transport: str):
+    """A client of `transport`: "http" sends tensors in the body, "shm" through its own region."""
     from fusegraph.driver.kserve_client import HttpClient
+    from fusegraph.driver.kserve_shm import SharedMemoryClient
 
+    return (SharedMemoryClient if transport == "shm" else HttpClient)(server.host, server.port)
+
+
+def time_served(server, specs: dict, clients: int, client_batch: int, seconds: float, seed: int,
+                transport: str = "http"):
+    """Samples/s, p50 and p99 latency (ms) and request count of `clients` concurrent clients."""
     x = _inputs(specs, client_batch, seed)
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[BaseException] = []
     go, stop_at = threading.Event(), [0.0]
 
     def client(i: int) -> None:
-        c = HttpClient(server.host, server.port)
+        c = _client(server, transport)
         try:
-            c.infer(server.model, x)  # one unmeasured request per connection
+            c.infer(server.model, x)  # one unmeasured request per connection (and region)
             go.wait()
             while time.perf_counter() < stop_at[0]:
                 t = time.perf_counter()
@@ -119,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=32, help="largest batch Triton gathers (default 32)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds of each half (default 20)")
     parser.add_argument("--fp32", action="store_true", help="compile in float32 (default fp16)")
+    parser.add_argument("--transport", choices=["http", "shm", "both"], default="both",
+                        help="tensors in the HTTP body, in system shared memory, or both rows (default)")
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else args.seconds
     target = "gpu" if args.device == "cuda" else "ref"
@@ -135,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(f"{args.model} served by Triton vs run directly ({target} target, {'fp16' if fp16 else 'fp32'})",
                   ["how", "batch", "samples/s", "p50 ms", "p99 ms", "requests", "vs direct", "note"])
     table.add("direct (program.run)", in_flight, f"{direct_rate:.0f}", f"{direct_ms:.2f}", "-", "-", "1.00", "")
-    table.add(*_served_row(args, work, program, target, seconds, direct_rate))
+    for row in _served_rows(args, work, program, target, seconds, direct_rate):
+        table.add(*row)
     sizes = getattr(program, "sizes", None)
     how = (f"dynamic-batch program compiled at batches {', '.join(map(str, sizes))}" if sizes else
            f"compiled at batch {program.compiled_batch} (a larger batch runs as several runs of it)")
@@ -146,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _served_row(args, work: Path, program, target: str, seconds: float, direct_rate: float) -> list:
-    """The table row of the served half, or why it could not run."""
+TRANSPORTS = {"http": "served (Triton, KServe v2 HTTP)", "shm": "served (Triton, system shared memory)"}
+
+
+def _served_rows(args, work: Path, program, target: str, seconds: float, direct_rate: float) -> list[list]:
+    """The table rows of the served half, one per transport, or why they could not run."""
+    transports = ["http", "shm"] if args.transport == "both" else [args.transport]
     if importlib.util.find_spec("pytriton") is None:
-        return ["served (Triton)", "-", "-", "-", "-", "-", "-",
-                "not run: nvidia-pytriton is not installed here (pip install --no-deps nvidia-pytriton==0.7.0)"]
-    from fusegraph.driver.kserve_client import HttpClient
+        return [[TRANSPORTS[t], "-", "-", "-", "-", "-", "-",
+                 "not run: nvidia-pytriton is not installed here (pip install --no-deps nvidia-pytriton==0.7.0)"]
+                for t in transports]
     from fusegraph.driver.triton_server import TritonServer
 
     port = _free_port_run(3)
@@ -159,18 +175,30 @@ def _served_row(args, work: Path, program, target: str, seconds: float, direct_r
     server.model = "bench"
     try:
         server.start(timeout=900)
-        x = _inputs(program.input_specs, args.client_batch, args.seed)
-        client = HttpClient(server.host, server.port)
-        got, want = client.infer("bench", x), program.run(x)
-        client.close()
-        err = max(float(np.linalg.norm(got[k].astype(np.float64) - want[k]) / max(np.linalg.norm(want[k]), 1e-30))
-                  for k in want)
-        rate, p50, p99, n = time_served(server, program.input_specs, args.clients, args.client_batch, seconds, args.seed)
+        return [_served_row(args, server, program, t, seconds, direct_rate) for t in transports]
     except Exception as e:  # the direct half stands; the log says what Triton did
-        return ["served (Triton)", "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:300]}"]
+        return [[TRANSPORTS[t], "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:300]}"]
+                for t in transports]
     finally:
         server.stop()
-    return ["served (Triton, KServe v2 HTTP)", f"<= {args.max_batch}", f"{rate:.0f}", f"{p50:.2f}", f"{p99:.2f}", n,
+
+
+def _served_row(args, server, program, transport: str, seconds: float, direct_rate: float) -> list:
+    """One transport's row: the first answer checked against the direct run, then the timed loop."""
+    try:
+        x = _inputs(program.input_specs, args.client_batch, args.seed)
+        client = _client(server, transport)
+        try:
+            got, want = client.infer("bench", x), program.run(x)
+        finally:
+            client.close()
+        err = max(float(np.linalg.norm(got[k].astype(np.float64) - want[k]) / max(np.linalg.norm(want[k]), 1e-30))
+                  for k in want)
+        rate, p50, p99, n = time_served(server, program.input_specs, args.clients, args.client_batch, seconds,
+                                        args.seed, transport)
+    except Exception as e:  # the other transport's row still runs
+        return [TRANSPORTS[transport], "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:300]}"]
+    return [TRANSPORTS[transport], f"<= {args.max_batch}", f"{rate:.0f}", f"{p50:.2f}", f"{p99:.2f}", n,
             f"{rate / direct_rate:.2f}", f"first answer rel err vs direct {err:.1e}"]
 
 

@@ -28,6 +28,18 @@ class InferenceError(Exception):
         self.status = status
 
 
+def check_status(status: int, data: bytes) -> None:
+    """Raise InferenceError for a non-200 answer with the server's own message: Triton sends
+    `{"error": ...}`, sometimes as text/plain (a 500 from its response allocator)."""
+    if status == 200:
+        return
+    try:
+        message = json.loads(data or b"{}").get("error")
+    except (ValueError, AttributeError):
+        message = None
+    raise InferenceError(status, message or data.decode(errors="replace"))
+
+
 class HttpClient:
     """One keep-alive HTTP connection (not thread-safe: one client per thread)."""
 
@@ -44,8 +56,7 @@ class HttpClient:
         """Outputs by name; a refused request raises InferenceError with the HTTP status."""
         body, headers = (_binary_body(inputs) if binary else (_json_body(inputs), {"Content-Type": "application/json"}))
         status, got, data = self.request("POST", f"/v2/models/{model}/infer", body, headers)
-        if status != 200:
-            raise InferenceError(status, json.loads(data or b"{}").get("error", data.decode(errors="replace")))
+        check_status(status, data)
         header_len = int(got.get("inference-header-content-length", len(data)))
         doc, offset, out = json.loads(data[:header_len]), header_len, {}
         for o in doc["outputs"]:

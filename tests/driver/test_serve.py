@@ -10,6 +10,8 @@ its handle. It is skipped when the wheel is not installed.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import socket
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +23,7 @@ import pytest
 import fusegraph
 from fusegraph.driver.cli import main
 from fusegraph.driver.kserve_client import GrpcClient, HttpClient, InferenceError
+from fusegraph.driver.kserve_shm import SharedMemoryClient
 from tests.helpers import conv_silu_add_model
 
 MAX_BATCH = 8
@@ -251,6 +254,98 @@ def test_bad_requests_get_400_and_the_server_stays_up(server, reference, case):
 def test_grpc_health(server):
     client = GrpcClient(server.grpc_address)
     assert client.server_ready() and client.model_ready(server.model)
+    client.close()
+
+
+def _regions(server) -> dict[str, dict]:
+    """The server's registered system shared memory regions by name."""
+    status, text = _get(f"{server.http_url}/v2/systemsharedmemory/status")
+    assert status == 200, text
+    return {r["name"]: r for r in json.loads(text)}
+
+
+@needs_triton
+def test_shared_memory_answers_mixed_batch_sizes(server, reference):
+    """One client, one region reused across requests and grown when a batch needs more; every
+    answer against the ref target; the region is unregistered and unlinked on close."""
+    sizes = [1, 3, 8, 2, 5, 8, 1]
+    with SharedMemoryClient(server.host, server.port) as client:
+        grown = set()
+        for i, n in enumerate(sizes):
+            inputs = _inputs(n, np.random.default_rng(2000 + i))
+            out = client.infer(server.model, inputs)["out"]
+            assert out.shape == (n, 4, 8, 8)
+            np.testing.assert_allclose(out, reference(inputs["x"], inputs["y"]), rtol=1e-6, atol=1e-6)
+            grown.add(client.region.size)
+            name, size = client.region_name, client.region.size
+            assert _regions(server)[name] == {"name": name, "key": f"/{name}", "offset": 0, "byte_size": size}
+        assert 1 < len(grown) <= 3  # grew for the larger batches, at least doubling each time
+        assert os.path.exists(f"/dev/shm/{name}")
+    assert client.region is None and name not in _regions(server)
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+@needs_triton
+def test_concurrent_shared_memory_clients(server, reference):
+    """Several threads, each with its own region, at once; every region is gone afterwards."""
+    def one(i: int) -> tuple[str, list[tuple[np.ndarray, np.ndarray]]]:
+        with SharedMemoryClient(server.host, server.port) as client:
+            answers = []
+            for j, n in enumerate([1 + (i + j) % MAX_BATCH for j in range(4)]):
+                inputs = _inputs(n, np.random.default_rng(3000 + 10 * i + j))
+                answers.append((client.infer(server.model, inputs)["out"], reference(inputs["x"], inputs["y"])))
+            return client.region_name, answers
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, range(6)))
+    names = [name for name, _ in results]
+    assert len(set(names)) == len(names)
+    for _, answers in results:
+        for got, want in answers:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert not set(names) & set(_regions(server))
+    assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
+
+
+@needs_triton
+def test_bad_shared_memory_requests_are_refused_and_the_server_stays_up(server, reference):
+    """A wrong shape (400), a region the server no longer knows (404) and an output place too
+    small for the answer (Triton says 500: its response allocator fails after the model ran)
+    each raise InferenceError; a good request then still gets the right answer."""
+    rng = np.random.default_rng(9)
+    client = SharedMemoryClient(server.host, server.port)
+    with pytest.raises(InferenceError) as info:
+        client.infer(server.model, BAD["wrong shape"](rng))
+    assert info.value.status == 400, info.value
+    with pytest.raises(InferenceError, match="should be at least 2048 bytes") as info:
+        client.infer(server.model, _inputs(2, rng), output_shapes={"out": [1, 4, 8, 8]})
+    assert info.value.status == 500, info.value
+    raw = HttpClient(server.host, server.port)
+    assert raw.request("POST", f"/v2/systemsharedmemory/region/{client.region_name}/unregister")[0] == 200
+    with pytest.raises(InferenceError, match="Unable to find shared memory region") as info:
+        client.infer(server.model, _inputs(2, rng))
+    assert info.value.status == 404, info.value
+    client.close()
+    raw.close()
+    with SharedMemoryClient(server.host, server.port) as good:
+        inputs = _inputs(3, rng)
+        np.testing.assert_allclose(good.infer(server.model, inputs)["out"], reference(inputs["x"], inputs["y"]),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_shared_memory_needs_the_shape_of_an_output_that_varies_beyond_the_batch(monkeypatch):
+    """An output with a -1 past the batch cannot be given a place in the region from the
+    metadata: the error names it and says to pass its shape; passing it sizes it."""
+    from fusegraph.errors import InputError
+
+    client = SharedMemoryClient("127.0.0.1", 9)  # no connection is made: the metadata is stubbed
+    meta = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+            "outputs": [{"name": "boxes", "datatype": "FP16", "shape": [-1, -1, 4]}]}
+    monkeypatch.setattr(client, "metadata", lambda model: meta)
+    x = {"x": np.zeros((5, 3), np.float32)}
+    with pytest.raises(InputError, match="output 'boxes' of 'det' has shape \\[-1, -1, 4\\]: pass its shape"):
+        client.output_sizes("det", x)
+    assert client.output_sizes("det", x, {"boxes": [-1, 7, 4]}) == {"boxes": 5 * 7 * 4 * 2}
     client.close()
 
 
