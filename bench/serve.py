@@ -194,12 +194,48 @@ def _served_row(args, server, program, transport: str, seconds: float, direct_ra
             client.close()
         err = max(float(np.linalg.norm(got[k].astype(np.float64) - want[k]) / max(np.linalg.norm(want[k]), 1e-30))
                   for k in want)
+        before = _triton_counters(server)
         rate, p50, p99, n = time_served(server, program.input_specs, args.clients, args.client_batch, seconds,
                                         args.seed, transport)
+        where = _where_the_time_went(before, _triton_counters(server))
     except Exception as e:  # the other transport's row still runs
         return [TRANSPORTS[transport], "-", "-", "-", "-", "-", "-", f"failed: {type(e).__name__}: {str(e)[:300]}"]
     return [TRANSPORTS[transport], f"<= {args.max_batch}", f"{rate:.0f}", f"{p50:.2f}", f"{p99:.2f}", n,
-            f"{rate / direct_rate:.2f}", f"first answer rel err vs direct {err:.1e}"]
+            f"{rate / direct_rate:.2f}", f"first answer rel err vs direct {err:.1e}; {where}"]
+
+
+#: Triton's cumulative counters (its metrics endpoint) that say where a served request's time goes
+COUNTERS = ("nv_inference_count", "nv_inference_exec_count", "nv_inference_request_success",
+            "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+            "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+            "nv_inference_compute_output_duration_us")
+
+
+def _triton_counters(server) -> dict[str, float]:
+    """The model's COUNTERS, summed over its instances."""
+    import urllib.request
+
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in out and 'model="bench"' in line:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _where_the_time_went(before: dict[str, float], after: dict[str, float]) -> str:
+    """Triton's view of the timed loop: the batch its dynamic batcher gathered, and per request
+    the time in its queue, in the backend's input, run and output steps, and in all."""
+    d = {k: after[k] - before[k] for k in COUNTERS}
+    if not d["nv_inference_exec_count"] or not d["nv_inference_request_success"]:
+        return "no Triton counters"
+    per = {k: d[f"nv_inference_{k}_duration_us"] / d["nv_inference_request_success"] / 1e3
+           for k in ("request", "queue", "compute_input", "compute_infer", "compute_output")}
+    return (f"Triton: mean batch {d['nv_inference_count'] / d['nv_inference_exec_count']:.1f}; per request ms: "
+            f"in server {per['request']:.1f} = queue {per['queue']:.1f} + input {per['compute_input']:.1f} + "
+            f"run {per['compute_infer']:.1f} + output {per['compute_output']:.1f}")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,9 @@ class TritonServer:
                 f"--backend-directory={server / 'backends'}", f"--cache-directory={server / 'caches'}",
                 f"--http-address={self.host}", f"--http-port={self.port}", f"--grpc-address={self.host}",
                 f"--grpc-port={self.grpc_port}", f"--metrics-address={self.host}",
-                f"--metrics-port={self.metrics_port}", "--exit-on-error=true", "--strict-readiness=true"]
+                f"--metrics-port={self.metrics_port}", "--exit-on-error=true", "--strict-readiness=true",
+                f"--backend-config=python,shm-default-byte-size={64 << 20}",
+                f"--backend-config=python,shm-growth-byte-size={64 << 20}"]
 
     def start(self, timeout: float = 600.0) -> "TritonServer":
         """Start the server and wait until it and every model are ready (compiled and warmed
