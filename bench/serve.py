@@ -171,7 +171,7 @@ def _served_rows(args, work: Path, program, target: str, seconds: float, direct_
     from fusegraph.driver.triton_server import TritonServer
 
     port = _free_port_run(3)
-    server = TritonServer(work, port=port, log=work / "tritonserver.log")
+    server = TritonServer(work, port=port, log=work / "tritonserver.log", device_pools=[0] if target == "gpu" else None)
     server.model = "bench"
     try:
         server.start(timeout=900)

@@ -99,6 +99,22 @@ class DynamicBatchProgram:
         return {k: np.asarray(v)[:batch].astype(output_dtypes.get(k, np.asarray(v).dtype), copy=batch < size)
                 for k, v in outputs.items()}
 
+    def run_on_device(self, tensors: Mapping[str, Any], *,
+                      output_dtypes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """`run` for torch tensors on the gpu target: new device tensors, nothing copied to the
+        host (what a server hands to Triton). Safe to call from several threads."""
+        if self.target != "gpu":
+            raise ArgumentError(f"run_on_device needs the gpu target; this program is for {self.target}")
+        batch = batch_of_tensors(self.input_specs, tensors)
+        size = self.size_for(batch)
+        with self._lock:
+            self.tune(size)
+            if self._padding is None:
+                from fusegraph.targets.gpu.batch_padding import DevicePadding
+
+                self._padding = DevicePadding()
+            return self._padding.run_on_device(self.programs[size], size, tensors, output_dtypes)
+
     def model_specs(self) -> tuple[dict[str, Spec], dict[str, Spec]]:
         """The input and output specs in the model's own dtypes (what it was compiled from,
         before half precision): the dtypes a server declares."""
@@ -150,6 +166,27 @@ class DynamicBatchProgram:
         batch = batches.pop()
         self.size_for(batch)
         return arrays, batch
+
+
+def batch_of_tensors(specs: Mapping[str, Spec], tensors: Mapping[str, Any]) -> int:
+    """The batch of torch tensors that match `specs` (names, per-sample shapes; any float dtype
+    for a float input, the exact dtype otherwise), or an InputError naming the first that does not."""
+    from fusegraph.ir.dtypes import DType
+    from fusegraph.targets.gpu.compiled_program import torch_dtype
+
+    if set(tensors) != set(specs):
+        raise InputError(f"inputs {sorted(tensors)} differ from the program's {sorted(specs)}")
+    batches = set()
+    for k, t in tensors.items():
+        want, sample = specs[k]
+        kind_ok = t.dtype.is_floating_point if want.kind == "f" else t.dtype == torch_dtype(DType.from_numpy(want))
+        if t.dim() != len(sample) + 1 or tuple(t.shape[1:]) != sample or not kind_ok:
+            raise InputError(f"input {k!r}: expected {want} [n, {', '.join(map(str, sample))}], got "
+                             f"{t.dtype} {list(t.shape)}")
+        batches.add(int(t.shape[0]))
+    if len(batches) != 1:
+        raise InputError(f"the inputs disagree on the batch: {sorted(batches)}")
+    return batches.pop()
 
 
 def pad_to(arr: np.ndarray, size: int, dtype: np.dtype) -> np.ndarray:

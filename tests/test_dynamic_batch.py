@@ -150,6 +150,26 @@ def test_a_half_precision_batch_answers_in_the_model_s_dtypes_when_asked(target)
         assert np.array_equal(got, again) and not np.shares_memory(got, again)  # each answer is the caller's own
 
 
+def test_device_tensors_run_without_the_host_and_give_new_tensors() -> None:
+    """`run_on_device` (what a server's GPU instance calls): torch tensors in, in float32 for an
+    fp16 program, new tensors out in the asked dtype, equal to `run`'s NumPy answers; a wrong
+    sample shape is an InputError naming the input."""
+    import torch
+
+    model = conv_silu_add_model(2)
+    dynamic = fusegraph.compile_dynamic_batch(model, (1, 4), "gpu", fp16=True)
+    rng = np.random.default_rng()
+    x = {"x": rng.standard_normal((3, 3, 8, 8), dtype=np.float32), "y": rng.standard_normal((3, 4, 1, 1), dtype=np.float32)}
+    want = dynamic.run(x, output_dtypes={"out": np.float32})["out"]
+    got = dynamic.run_on_device({k: torch.from_numpy(v) for k, v in x.items()}, output_dtypes={"out": np.float32})["out"]
+    assert got.dtype == torch.float32 and tuple(got.shape) == (3, 4, 8, 8)
+    assert np.array_equal(got.numpy(), want)
+    again = dynamic.run_on_device({k: torch.from_numpy(v) for k, v in x.items()})["out"]
+    assert again.dtype == torch.float16 and again.data_ptr() != got.data_ptr()
+    with pytest.raises(InputError, match="'y'"):
+        dynamic.run_on_device({"x": torch.from_numpy(x["x"]), "y": torch.zeros(3, 4, 2, 1)})
+
+
 def test_a_request_outside_the_range_or_of_mixed_batches_is_an_input_error() -> None:
     dynamic = fusegraph.compile_dynamic_batch(conv_silu_add_model(3), (1, 4), "ref")
     x, y = np.zeros((5, 3, 8, 8), np.float32), np.zeros((5, 4, 1, 1), np.float32)

@@ -36,7 +36,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, grpc_port: i
     repository = Path(tempfile.mkdtemp(prefix="fusegraph-repository-"))
     name = name or model_name(model)
     write_repository(model, repository, target=target, fp16=fp16, max_batch=max_batch, gpus=list(gpus), name=name)
-    server = TritonServer(repository, host=host, port=port, grpc_port=grpc_port, metrics_port=metrics_port)
+    server = TritonServer(repository, host=host, port=port, grpc_port=grpc_port, metrics_port=metrics_port,
+                          device_pools=list(gpus) if target == "gpu" else None)
     server.model = name
     server.cleanup.append(repository)
     return server.start(timeout)

@@ -59,6 +59,23 @@ class BatchedProgram:
                 parts[k].append(v)
         return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
 
+    def run_on_device(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        """`run` for torch tensors on the gpu target: new device tensors in the declared dtypes."""
+        import torch
+
+        if self._device is None:
+            raise ArgumentError("run_on_device needs a program compiled for the gpu target")
+        from fusegraph.dynamic_batch import batch_of_tensors
+
+        n = batch_of_tensors(self.input_specs, tensors)
+        if not 1 <= n <= self.max_batch:
+            raise InputError(f"inputs must share one batch of 1 to {self.max_batch} samples, got {n}")
+        b = self.compiled_batch
+        declared = {k: dtype for k, (dtype, _) in self.output_specs.items()}
+        parts = [self._device.run_on_device(self.compiled, b, {k: t[start:start + b] for k, t in tensors.items()},
+                                            declared) for start in range(0, n, b)]
+        return {k: torch.cat([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in declared}
+
     def _run_chunk(self, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The outputs of up to one compiled batch of samples, in the declared dtypes."""
         declared = {k: dtype for k, (dtype, _) in self.output_specs.items()}
@@ -97,6 +114,10 @@ class ServedDynamicBatch:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.dynamic.run(inputs, output_dtypes={k: d for k, (d, _) in self.output_specs.items()})
+
+    def run_on_device(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        """`run` for torch tensors on the gpu target: new device tensors in the declared dtypes."""
+        return self.dynamic.run_on_device(tensors, output_dtypes={k: d for k, (d, _) in self.output_specs.items()})
 
 
 def _shapes(program: Any) -> tuple[dict[str, tuple[np.dtype, tuple[int, ...]]], dict[str, tuple[np.dtype, tuple[int, ...]]]]:

@@ -58,6 +58,8 @@ def write_repository(source: str, directory: "str | Path", *, target: str = "gpu
     file_name, inputs, outputs = _copy_model(source, version)
     (version / "model.py").write_text(MODEL_PY)
     params = {"fusegraph_model": file_name, "fusegraph_target": target, "fusegraph_fp16": str(bool(fp16)).lower()}
+    if target == "gpu":  # Triton hands the inputs over on the GPU (the backend runs on device tensors)
+        params["FORCE_CPU_ONLY_INPUT_TENSORS"] = "no"
     text = config_text(name, inputs, outputs, max_batch, [] if target == "ref" else list(gpus), params, queue_delay_us)
     (model_dir / "config.pbtxt").write_text(text)
     return model_dir

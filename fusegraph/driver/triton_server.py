@@ -81,8 +81,9 @@ class TritonServer:
 
     def __init__(self, repository: "str | Path", *, host: str = "127.0.0.1", port: int = 8000,
                  grpc_port: int | None = None, metrics_port: int | None = None, gpus: list[int] | None = None,
-                 log: "str | Path | None" = None) -> None:
+                 log: "str | Path | None" = None, device_pools: "list[int] | None" = None) -> None:
         self.repository = Path(repository)
+        self.device_pools = list(device_pools or [])  # GPUs the model runs on (pools sized for them)
         self.host, self.port = host, port
         self.grpc_port = port + 1 if grpc_port is None else grpc_port
         self.metrics_port = port + 2 if metrics_port is None else metrics_port
@@ -112,7 +113,16 @@ class TritonServer:
                 f"--grpc-port={self.grpc_port}", f"--metrics-address={self.host}",
                 f"--metrics-port={self.metrics_port}", "--exit-on-error=true", "--strict-readiness=true",
                 f"--backend-config=python,shm-default-byte-size={64 << 20}",
-                f"--backend-config=python,shm-growth-byte-size={64 << 20}"]
+                f"--backend-config=python,shm-growth-byte-size={64 << 20}"] + self.pool_options()
+
+    def pool_options(self) -> list[str]:
+        """Larger memory pools where the model runs on GPUs: tensors between Triton and the
+        Python backend's stub go through the CUDA pool (64 MiB by default, less than one
+        YOLOv5s batch of 32), and copies to and from clients through the pinned host pool."""
+        if not self.device_pools:
+            return []
+        return [f"--cuda-memory-pool-byte-size={g}:{2 << 30}" for g in self.device_pools] + \
+            [f"--pinned-memory-pool-byte-size={1 << 30}"]
 
     def start(self, timeout: float = 600.0) -> "TritonServer":
         """Start the server and wait until it and every model are ready (compiled and warmed

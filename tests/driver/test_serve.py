@@ -123,6 +123,29 @@ def test_what_the_server_loads_answers_every_batch(small_model, fp16):
         assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < (1e-2 if fp16 else 1e-6)
 
 
+@pytest.mark.parametrize("saved_range", [False, True])
+def test_a_gpu_server_program_answers_device_tensors(small_model, tmp_path, saved_range):
+    """What a GPU instance runs (`run_on_device`), here under Triton's interpreter: a program of the
+    model's own batch run as often as needed, and a saved dynamic batch; float32 in, float32
+    device tensors out, equal to the same program's NumPy answers."""
+    import torch
+
+    from fusegraph.driver.serving_program import load_batched
+
+    saved = tmp_path / "small.fgx"
+    batch = ["--batch", "1..4"] if saved_range else []
+    assert main(["compile", small_model, "--fp16", "--target", "gpu", *batch, "-o", str(saved)]) == 0
+    program = load_batched(saved, "gpu", True, 4)
+    rng = np.random.default_rng()
+    for n in (1, 3):
+        inputs = _inputs(n, rng)
+        got = program.run_on_device({k: torch.from_numpy(v) for k, v in inputs.items()})["out"]
+        want = program.run(inputs)["out"]
+        assert got.dtype == torch.float32 and want.dtype == np.float32
+        assert np.array_equal(got.numpy(), want)
+        assert np.linalg.norm(want - _per_sample(small_model, inputs)) / np.linalg.norm(want) < 1e-2
+
+
 def test_a_saved_dynamic_batch_is_served_for_its_range(small_model, tmp_path):
     """A .fgx of a batch range answers each batch with its own program (no padding to the
     largest); a server wanting more than the range is refused by name."""

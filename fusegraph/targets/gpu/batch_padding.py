@@ -40,6 +40,32 @@ class DevicePadding:
         wanted = dict(output_dtypes or {})
         return {k: self._to_host(k, v[:batch], wanted.get(k)) for k, v in outputs.items()}
 
+    def run_on_device(self, compiled: CompiledProgram, size: int, tensors: Mapping[str, Any],
+                      output_dtypes: Mapping[str, np.dtype] | None = None) -> dict[str, Any]:
+        """`run` for torch tensors (on any device, any float dtype for a float input): new
+        device tensors of the first samples, in `output_dtypes` where given. Nothing crosses to
+        the host: a server hands these to Triton, which copies them where its client wants them."""
+        import torch
+
+        batch = next(iter(tensors.values())).shape[0] if tensors else size
+        staged = {}
+        for name, t in tensors.items():
+            shape = compiled.input_shapes[name]
+            staged[name] = self._buffer(("input", size, name), tuple(shape.lens), torch_dtype(shape.dtype),
+                                        compiled.device)
+            staged[name][:batch].copy_(t, non_blocking=True)  # to the device and to its dtype there
+            _pad(staged[name], batch)
+        outputs = compiled.run(staged)
+        wanted = dict(output_dtypes or {})
+        out = {}
+        for k, v in outputs.items():
+            want = torch_dtype(DType.from_numpy(wanted[k])) if k in wanted else v.dtype
+            # a copy either way: the program's output buffers are overwritten by its next run
+            out[k] = v[:batch].to(want) if want != v.dtype else v[:batch].clone()
+        if compiled.device != "cpu":
+            torch.cuda.current_stream().synchronize()  # Triton reads the outputs on streams of its own
+        return out
+
     def _buffer(self, key: tuple[Any, ...], shape: tuple[int, ...], dtype: Any, device: str) -> Any:
         """A kept buffer of at least `shape`'s elements (a view of that shape), page-locked on the host."""
         import torch
@@ -70,8 +96,7 @@ class DevicePadding:
             raw = self._buffer(("raw input", name, src.dtype), tuple(src.shape), src.dtype, compiled.device)
             raw.copy_(src, non_blocking=True)
             staged[:b].copy_(raw)
-        if b < size:
-            staged[b:].copy_(staged[b - 1:b].expand(size - b, *shape.lens[1:]))
+        _pad(staged, b)
         return staged
 
     def _to_host(self, name: str, value: Any, dtype: np.dtype | None) -> np.ndarray:
@@ -88,3 +113,8 @@ class DevicePadding:
         out.copy_(pinned)
         return out.numpy()
 
+
+def _pad(staged: Any, b: int) -> None:
+    """Fill the samples of `staged` after the first `b` with copies of sample b - 1, on its device."""
+    if b < staged.shape[0]:
+        staged[b:].copy_(staged[b - 1:b].expand(staged.shape[0] - b, *staged.shape[1:]))
