@@ -56,8 +56,7 @@ def compile_all(jobs: list[Job], progress: Callable[[str, int, int], None] | Non
         return report
     start = time.monotonic()
     report.workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) - 1, 32))
-    ctx = multiprocessing.get_context("spawn")  # a forked child would inherit the parent's CUDA context
-    with ProcessPoolExecutor(max_workers=report.workers, mp_context=ctx) as pool:
+    with worker_pool(report.workers) as pool:
         futures = {pool.submit(_warm, job): job for job in jobs}
         for done, f in enumerate(as_completed(futures), 1):
             err, seconds = f.result()
@@ -69,3 +68,45 @@ def compile_all(jobs: list[Job], progress: Callable[[str, int, int], None] | Non
                 progress("compiling kernels", done, len(jobs))
     report.wall_seconds = time.monotonic() - start
     return report
+
+
+#: the sections of Triton's settings (`triton.knobs`) that can change a kernel's binary or cache key
+KNOB_SECTIONS = ("build", "cache", "compilation", "language", "nvidia", "amd")
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """Spawned worker processes (a forked child would inherit the parent's CUDA context) that
+    build with this process's Triton settings. A spawned child reads Triton's settings from the
+    environment, so a setting made in this process's memory would differ there, and with it
+    the cache key: the workers' binaries would then go unused and this process would build
+    each one again at its first launch, one at a time (torch.compile sets Triton's libdevice
+    path that way; after it had run, tuning took minutes)."""
+    ctx = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=apply_knobs,
+                               initargs=(explicit_knobs(),))
+
+
+def explicit_knobs() -> dict[str, dict[str, Any]]:
+    """The Triton settings made in this process's memory (plain values), by section."""
+    try:
+        from triton import knobs
+    except ImportError:  # an older Triton without the knobs module reads only the environment
+        return {}
+    out = {}
+    for section in KNOB_SECTIONS:
+        values = {k: v for k, v in vars(getattr(knobs, section, object())).items()
+                  if isinstance(v, (str, int, float, bool))}
+        if values:
+            out[section] = values
+    return out
+
+
+def apply_knobs(settings: dict[str, dict[str, Any]]) -> None:
+    """Make `explicit_knobs()` of the parent this process's settings too."""
+    if not settings:
+        return
+    from triton import knobs
+
+    for section, values in settings.items():
+        for name, value in values.items():
+            setattr(getattr(knobs, section), name, value)
