@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     parser.add_argument("--client-batch", type=int, default=2, help="samples per request (default 2)")
     parser.add_argument("--max-batch", type=int, default=32, help="largest batch Triton gathers (default 32)")
+    parser.add_argument("--instances", type=int, default=1, help="model instances on the GPU (default 1)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds of each half (default 20)")
     parser.add_argument("--fp32", action="store_true", help="compile in float32 (default fp16)")
     parser.add_argument("--transport", choices=["http", "shm", "both"], default="both",
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     from fusegraph.driver.triton_repository import write_repository
 
     work = Path(tempfile.mkdtemp(prefix="fusegraph-bench-serve-"))
-    model_dir = write_repository(args.model, work, target=target, fp16=fp16, max_batch=args.max_batch, name="bench")
+    model_dir = write_repository(args.model, work, target=target, fp16=fp16, max_batch=args.max_batch, name="bench",
+                                 instances=args.instances)
     saved = str(args.model).lower().endswith(".fgx")
     program = load_batched(model_dir / "1" / ("model.fgx" if saved else "model.onnx"), target, fp16, args.max_batch)
     in_flight = min(args.max_batch, args.clients * args.client_batch)
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     how = (f"dynamic-batch program compiled at batches {', '.join(map(str, sizes))}" if sizes else
            f"compiled at batch {program.compiled_batch} (a larger batch runs as several runs of it)")
     notes = [f"{args.clients} clients x {args.client_batch} samples per request, max batch {args.max_batch}, "
-             f"{seconds:.0f} s each half; {how}"]
+             f"{args.instances} model instance(s), {seconds:.0f} s each half; {how}"]
     write_results(args.name or f"serve-{args.model}", f"Serving {args.model} through Triton", args.device,
                   [table], notes, save=not args.no_save)
     return 0

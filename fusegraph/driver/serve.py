@@ -22,10 +22,11 @@ from fusegraph.errors import ArgumentError
 
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, grpc_port: int | None = None,
           metrics_port: int | None = None, max_batch: int = 32, gpus: Sequence[int] = (0,), target: str = "gpu",
-          fp16: bool = False, name: str | None = None, timeout: float = 600.0) -> TritonServer:
+          fp16: bool = False, name: str | None = None, timeout: float = 600.0, instances: int = 1) -> TritonServer:
     """Serve `model` (an .onnx path, a zoo name or a .fgx file) and return once Triton reports it
     ready, each instance compiled and warmed up: one instance per GPU in `gpus` on the gpu
-    target, one CPU instance on the ref target. The returned server's `model` is its name."""
+    target, one CPU instance on the ref target, each `instances` times. The returned server's
+    `model` is its name."""
     wheel_dirs()  # says what to install before anything is compiled
     if target == "gpu":
         from fusegraph.targets.gpu.availability import require_gpu_device
@@ -35,7 +36,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, grpc_port: i
             raise ArgumentError("serving on the gpu target needs at least one GPU in gpus")
     repository = Path(tempfile.mkdtemp(prefix="fusegraph-repository-"))
     name = name or model_name(model)
-    write_repository(model, repository, target=target, fp16=fp16, max_batch=max_batch, gpus=list(gpus), name=name)
+    write_repository(model, repository, target=target, fp16=fp16, max_batch=max_batch, gpus=list(gpus), name=name,
+                     instances=instances)
     server = TritonServer(repository, host=host, port=port, grpc_port=grpc_port, metrics_port=metrics_port,
                           device_pools=list(gpus) if target == "gpu" else None)
     server.model = name

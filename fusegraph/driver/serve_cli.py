@@ -51,6 +51,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="largest batch Triton's dynamic batcher gathers (default 32)")
     p.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1",
                    help="one model instance on each of these GPUs (gpu target; default 0)")
+    p.add_argument("--instances", type=_max_batch, default=1, metavar="N",
+                   help="model instances per GPU (default 1); more overlap one batch's copies with another's run")
     p.add_argument("--name", default=None, help="the model's name in Triton (default: the model's file stem)")
     p.add_argument("--model-repository", metavar="DIR",
                    help="write a Triton model repository to DIR (config.pbtxt, 1/model.py, the model) and exit, "
@@ -65,7 +67,7 @@ def serve_command(args: argparse.Namespace) -> int:
         from fusegraph.driver.triton_repository import write_repository
 
         model_dir = write_repository(args.model, args.model_repository, target=args.target, fp16=args.fp16,
-                                     max_batch=args.max_batch, gpus=gpus, name=args.name)
+                                     max_batch=args.max_batch, gpus=gpus, name=args.name, instances=args.instances)
         print(f"wrote {model_dir} (config.pbtxt, 1/model.py and the model); serve it with "
               f"`tritonserver --model-repository {args.model_repository}` (its Python backend needs fusegraph)")
         return 0
@@ -73,7 +75,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     print(f"compiling {args.model} for the {args.target} target and starting Triton ...", flush=True)
     server = serve(args.model, host=args.host, port=args.port, max_batch=args.max_batch, gpus=gpus,
-                   target=args.target, fp16=args.fp16, name=args.name)
+                   target=args.target, fp16=args.fp16, name=args.name, instances=args.instances)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"serving {server.model}: HTTP {server.http_url}/v2/models/{server.model}/infer, gRPC {server.grpc_address}, "

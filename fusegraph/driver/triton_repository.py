@@ -43,14 +43,17 @@ def model_name(source: str) -> str:
 
 def write_repository(source: str, directory: "str | Path", *, target: str = "gpu", fp16: bool = False,
                      max_batch: int = 32, gpus: Sequence[int] = (0,), name: str | None = None,
-                     queue_delay_us: int = 200) -> Path:
+                     queue_delay_us: int = 200, instances: int = 1) -> Path:
     """Write the repository of `source` (an .onnx path, a zoo name or a .fgx file) under
     `directory`; returns the model's directory. The model's inputs and outputs, read here, must
-    each have the batch first; config.pbtxt declares one sample's shape."""
+    each have the batch first; config.pbtxt declares one sample's shape. `instances` model
+    instances run per GPU (or on the CPU): while one waits on its copies, another runs."""
     if target not in ("ref", "gpu"):
         raise ArgumentError(f"unknown target {target!r}; serving runs on 'ref' or 'gpu'")
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ArgumentError(f"max_batch must be a positive integer, got {max_batch!r}")
+    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+        raise ArgumentError(f"instances must be a positive integer, got {instances!r}")
     name = name or model_name(source)
     model_dir = Path(directory) / name
     version = model_dir / "1"
@@ -60,7 +63,8 @@ def write_repository(source: str, directory: "str | Path", *, target: str = "gpu
     params = {"fusegraph_model": file_name, "fusegraph_target": target, "fusegraph_fp16": str(bool(fp16)).lower()}
     if target == "gpu":  # Triton hands the inputs over on the GPU (the backend runs on device tensors)
         params["FORCE_CPU_ONLY_INPUT_TENSORS"] = "no"
-    text = config_text(name, inputs, outputs, max_batch, [] if target == "ref" else list(gpus), params, queue_delay_us)
+    text = config_text(name, inputs, outputs, max_batch, [] if target == "ref" else list(gpus), params, queue_delay_us,
+                       instances)
     (model_dir / "config.pbtxt").write_text(text)
     return model_dir
 
@@ -99,13 +103,15 @@ def _declared_program(compiled: Any) -> Any:
 
 
 def config_text(name: str, inputs: dict[str, Any], outputs: dict[str, Any], max_batch: int, gpus: list[int],
-                params: dict[str, str], queue_delay_us: int) -> str:
+                params: dict[str, str], queue_delay_us: int, instances: int = 1) -> str:
     """config.pbtxt: Triton's dynamic batcher gathers requests up to `max_batch` samples; one
-    instance per listed GPU, or one CPU instance when there are none (the ref target)."""
+    instance per listed GPU, or one CPU instance when there are none (the ref target), each
+    `instances` times."""
     lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {max_batch}"]
     lines += ["input ["] + _tensors(inputs) + ["]", "output ["] + _tensors(outputs) + ["]"]
     lines += [f"dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}"]
-    groups = [f"  {{ kind: KIND_GPU count: 1 gpus: [ {g} ] }}" for g in gpus] or ["  { kind: KIND_CPU count: 1 }"]
+    groups = [f"  {{ kind: KIND_GPU count: {instances} gpus: [ {g} ] }}" for g in gpus] or \
+        [f"  {{ kind: KIND_CPU count: {instances} }}"]
     lines += ["instance_group ["] + [",\n".join(groups)] + ["]"]
     lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()]
     return "\n".join(lines) + "\n"

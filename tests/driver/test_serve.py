@@ -75,6 +75,19 @@ def test_model_repository_has_one_instance_per_gpu(small_model, tmp_path):
     assert "max_batch_size: 32" in config and 'string_value: "gpu"' in config
 
 
+def test_instances_per_gpu_and_device_tensors_in_the_config(small_model, tmp_path, capsys):
+    """--instances N runs N instances on each GPU; a gpu-target model takes its inputs on the GPU;
+    a count that is not a positive integer is refused by name."""
+    assert main(["serve", small_model, "--gpus", "0,1", "--instances", "3", "--name", "conv",
+                 "--model-repository", str(tmp_path)]) == 0
+    config = _read(tmp_path / "conv" / "config.pbtxt")
+    assert "{ kind: KIND_GPU count: 3 gpus: [ 0 ] }" in config and "{ kind: KIND_GPU count: 3 gpus: [ 1 ] }" in config
+    assert 'key: "FORCE_CPU_ONLY_INPUT_TENSORS" value: { string_value: "no" }' in config
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", small_model, "--instances", "0", "--model-repository", str(tmp_path)])
+    assert exit_info.value.code == 2 and "--instances: must be positive" in capsys.readouterr().err
+
+
 def test_serve_refuses_gpus_on_the_ref_target(small_model, tmp_path, capsys):
     assert main(["serve", small_model, "--target", "ref", "--gpus", "0", "--model-repository", str(tmp_path)]) == 2
     assert "--gpus applies to the gpu target" in capsys.readouterr().err
