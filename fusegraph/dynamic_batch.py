@@ -89,11 +89,7 @@ class DynamicBatchProgram:
         self.tune(size)
         compiled = self.programs[size]
         if self.target == "gpu":
-            if self._padding is None:
-                from fusegraph.targets.gpu.batch_padding import DevicePadding
-
-                self._padding = DevicePadding()
-            return self._padding.run(compiled, size, arrays, output_dtypes)  # new arrays of `batch` samples
+            return self._device().run(compiled, size, arrays, output_dtypes)  # new arrays of `batch` samples
         outputs = compiled.run({k: pad_to(v, size, self.input_specs[k][0]) for k, v in arrays.items()})
         # a padded answer is copied, so no view of it reaches the padded samples
         return {k: np.asarray(v)[:batch].astype(output_dtypes.get(k, np.asarray(v).dtype), copy=batch < size)
@@ -109,11 +105,15 @@ class DynamicBatchProgram:
         size = self.size_for(batch)
         with self._lock:
             self.tune(size)
-            if self._padding is None:
-                from fusegraph.targets.gpu.batch_padding import DevicePadding
+            return self._device().run_on_device(self.programs[size], size, tensors, output_dtypes)
 
-                self._padding = DevicePadding()
-            return self._padding.run_on_device(self.programs[size], size, tensors, output_dtypes)
+    def _device(self) -> Any:
+        """The gpu target's device staging (`targets/gpu/batch_padding.py`), made at the first run."""
+        if self._padding is None:
+            from fusegraph.targets.gpu.batch_padding import DevicePadding
+
+            self._padding = DevicePadding()
+        return self._padding
 
     def model_specs(self) -> tuple[dict[str, Spec], dict[str, Spec]]:
         """The input and output specs in the model's own dtypes (what it was compiled from,

@@ -34,11 +34,8 @@ class DevicePadding:
         """Run `compiled` (of batch `size`) on `arrays` (a smaller or equal batch, any float
         dtype for a float input); the first samples of its outputs, as many as `arrays` hold,
         as new host arrays, in `output_dtypes` where given (converted on the device)."""
-        batch = next(iter(arrays.values())).shape[0] if arrays else size
-        tensors = {name: self._staging(compiled, size, name, arr) for name, arr in arrays.items()}
-        outputs = compiled.run(tensors)
-        wanted = dict(output_dtypes or {})
-        return {k: self._to_host(k, v[:batch], wanted.get(k)) for k, v in outputs.items()}
+        tensors = {name: self._to_device(compiled, name, arr) for name, arr in arrays.items()}
+        return {k: self._to_host(k, v) for k, v in self.run_on_device(compiled, size, tensors, output_dtypes).items()}
 
     def run_on_device(self, compiled: CompiledProgram, size: int, tensors: Mapping[str, Any],
                       output_dtypes: Mapping[str, np.dtype] | None = None) -> dict[str, Any]:
@@ -78,33 +75,23 @@ class DevicePadding:
             self._staged[key] = buf
         return buf[:n].view(shape)
 
-    def _staging(self, compiled: CompiledProgram, size: int, name: str, arr: np.ndarray) -> Any:
-        shape = compiled.input_shapes[name]
-        want = torch_dtype(shape.dtype)
-        staged = self._buffer(("input", size, name), tuple(shape.lens), want, compiled.device)
-        src = host_to_torch(arr if arr.dtype.kind == "f" or arr.dtype == shape.dtype.numpy
-                            else arr.astype(shape.dtype.numpy))
-        b = arr.shape[0]
-        if compiled.device != "cpu":
-            # the caller's bytes are copied once into page-locked memory, then by the copy engine
-            pinned = self._buffer(("host input", name, src.dtype), tuple(src.shape), src.dtype, "cpu")
-            pinned.copy_(src)
-            src = pinned
-        if src.dtype == want:
-            staged[:b].copy_(src, non_blocking=True)
-        else:  # crosses in the caller's dtype, converted by the device
-            raw = self._buffer(("raw input", name, src.dtype), tuple(src.shape), src.dtype, compiled.device)
-            raw.copy_(src, non_blocking=True)
-            staged[:b].copy_(raw)
-        _pad(staged, b)
-        return staged
+    def _to_device(self, compiled: CompiledProgram, name: str, arr: np.ndarray) -> Any:
+        """A host array on the program's device, still in its own dtype (a float converts there,
+        later): the caller's bytes are copied once into page-locked memory, then by the copy engine."""
+        dtype = compiled.input_shapes[name].dtype.numpy
+        src = host_to_torch(arr if arr.dtype.kind == "f" or arr.dtype == dtype else arr.astype(dtype))
+        if compiled.device == "cpu":
+            return src
+        pinned = self._buffer(("host input", name, src.dtype), tuple(src.shape), src.dtype, "cpu")
+        pinned.copy_(src)
+        raw = self._buffer(("raw input", name, src.dtype), tuple(src.shape), src.dtype, compiled.device)
+        raw.copy_(pinned, non_blocking=True)
+        return raw
 
-    def _to_host(self, name: str, value: Any, dtype: np.dtype | None) -> np.ndarray:
-        """`value` (a device tensor) as a new NumPy array of `dtype` (its own when None)."""
+    def _to_host(self, name: str, value: Any) -> np.ndarray:
+        """A device tensor as a new NumPy array, through a page-locked buffer."""
         import torch
 
-        if dtype is not None and value.dtype != torch_dtype(DType.from_numpy(dtype)):
-            value = value.to(torch_dtype(DType.from_numpy(dtype)))
         if value.device.type == "cpu" or value.dtype == torch.bfloat16:
             return torch_to_host(value)
         pinned = self._buffer(("host output", name, value.dtype), tuple(value.shape), value.dtype, "cpu")
