@@ -216,6 +216,46 @@ _FOLDS: dict[str, Callable[..., np.ndarray]] = {"add": np.sum, "max": np.max, "m
 
 
 @register
+class SegmentLayerNorm(Op):
+    """A layernorm over aligned runs of `length` elements along `axis` (and its affine, when
+    scale and bias come as inputs broadcast to x's lens): a layernorm over channels inside an
+    anchor's epilogue, in the anchor's index space, as `segment_softmax` is. The statistics are
+    taken across the tile's columns in float32 (`templates/gemm_reduce.py`)."""
+
+    name = "segment_layernorm"
+    kind = OpKind.REDUCE
+    algorithm = "segment_layernorm"
+    in_epilogue = True
+
+    def __init__(self, axis: int, length: int, epsilon: float) -> None:
+        super().__init__(axis=int(axis), length=int(length), epsilon=float(epsilon))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return (self.axis,)
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        require(len(inputs) in (1, 3), f"segment_layernorm takes x or x, scale and bias, got {len(inputs)} inputs")
+        x = inputs[0]
+        require(0 <= self.axis < x.ndim and self.length > 0 and x.lens[self.axis] % self.length == 0,
+                f"runs of {self.length} along axis {self.axis} do not divide {list(x.lens)}")
+        require(all(p.lens == x.lens for p in inputs[1:]), "scale and bias must be broadcast to the input's lens")
+        require(x.dtype.is_float, f"layernorm needs a float input, got {x.dtype}")
+        return x.as_standard()
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0]
+        lens = list(x.shape)
+        runs = x.astype(np.float64).reshape(lens[:self.axis] + [lens[self.axis] // self.length, self.length]
+                                            + lens[self.axis + 1:])
+        mean = runs.mean(axis=self.axis + 1, keepdims=True)
+        var = ((runs - mean) ** 2).mean(axis=self.axis + 1, keepdims=True)
+        y = ((runs - mean) / np.sqrt(var + self.epsilon)).reshape(lens)
+        if len(args) == 3:
+            y = y * args[1].astype(np.float64) + args[2].astype(np.float64)
+        return y.astype(x.dtype)
+
+
+@register
 class EpilogueSum(Op):
     """The sum (or mean) over `axes`, repeated along them: a reduce_sum or reduce_mean inside
     a convolution's epilogue (`passes/reduction_epilogue.py`), in the anchor's index space,

@@ -30,7 +30,7 @@ from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
 from fusegraph.passes.prologue_rule import PrologueRule
-from fusegraph.passes.reduction_epilogue import pixel_reduction, segment_fold, segment_softmax
+from fusegraph.passes.reduction_epilogue import pixel_reduction, segment_fold, segment_layernorm, segment_softmax
 from fusegraph.passes.rewrite import rewrite_each
 
 
@@ -76,7 +76,7 @@ class _Epilogue:
         if op.kind == OpKind.POINTWISE:
             return self._pointwise(ins, src)
         if op.kind == OpKind.REDUCE and src[0] is not None:
-            rules = [segment_softmax, segment_fold]
+            rules = [segment_softmax, segment_fold, segment_layernorm]
             if not any(self._only_stored(m) for m in self.members):  # one sum over the pixels per kernel
                 rules.append(pixel_reduction)
             return next((got for rule in rules if (got := rule(self.anchor, ins, src[0], self.b)) is not None), None)

@@ -1,4 +1,5 @@
-"""The rule that lets a softmax join a matrix product's or convolution's epilogue.
+"""The rules that let a softmax, a row fold or a layernorm join a matrix product's or
+convolution's epilogue.
 
 A kernel computes its product in tiles of output channels (the GEMM's N), so a reduction whose
 every run of elements lies within one tile can be computed in the epilogue, across the tile's
@@ -16,6 +17,12 @@ softmax input's index; writing the anchor's channel index as c = q * L + r (L th
 axis' length), the softmax axis must read exactly r and no other axis may read r. Then each
 softmax run is the L consecutive channels of one q at fixed other indices: an aligned run that
 a tile of L (padded to a power of two) covers, which the GEMM template then chooses.
+
+A layernorm over the last axis joins by the same rule when each of its rows is such a run (a
+norm over a convolution's channels read channels-last, ConvNeXt's stem and downsampling
+norms): a `segment_layernorm` takes the row's mean and variance across the tile in float32
+and applies the constant affine, and the normalized tensor is stored straight from the
+product's kernel (beside the value it normalizes, when that is read elsewhere too).
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Const, Var, free_vars, substitute
 from fusegraph.ir.index_map import IndexMap
 from fusegraph.ir.program import Instruction
-from fusegraph.ops.base import OpKind
-from fusegraph.ops.reduce import EpilogueSum, SegmentReduce, SegmentSoftmax
+from fusegraph.ops.base import OpKind, is_literal
+from fusegraph.ops.base import input_map_of as view_input_map
+from fusegraph.ops.reduce import EpilogueSum, SegmentLayerNorm, SegmentReduce, SegmentSoftmax
 from fusegraph.passes.group_builder import GroupBuilder, Piece
 
 MAX_RUN = 256  # the widest N tile the GEMM template chooses for a run
@@ -71,6 +79,33 @@ def segment_softmax(anchor: Instruction, ins: Instruction, pieces: list[Piece], 
     channel = anchor.op.channel_axis(anchor.shape.ndim)
     value = b.add(SegmentSoftmax(channel, length, ins.op.log), [p.value], ins.origin)
     return [Piece(p.map, (), value)]
+
+
+def segment_layernorm(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
+    """The pieces of layernorm `ins` over its last axis computed in `anchor`'s epilogue when
+    each of its rows is an aligned run of output channels (a layernorm over the channels of a
+    convolution's or a product's output, read through a transpose to channels-last), or None.
+    Its scale and bias, broadcast to its lens, are read through the same map as its input."""
+    if ins.op.algorithm != "layernorm" or not gemm_template(anchor) or ins.op.attrs["axis"] != ins.shape.ndim - 1:
+        return None
+    if anchor.op.attrs.get("group", 1) != 1 or len(pieces) != 1 or pieces[0].domain:
+        return None
+    if not all(is_literal(_viewed(x)) for x in ins.inputs[1:]):
+        return None  # a computed affine could be a member of the group itself
+    (p,) = pieces
+    length = run_length(p.map, anchor, ins.op.attrs["axis"])
+    if length is None:
+        return None
+    affine = [b.gather(x, p.map) for x in ins.inputs[1:]]
+    op = SegmentLayerNorm(anchor.op.channel_axis(anchor.shape.ndim), length, ins.op.attrs["epsilon"])
+    return [Piece(p.map, (), b.add(op, [p.value, *affine], ins.origin))]
+
+
+def _viewed(x: Instruction) -> Instruction:
+    """The instruction a chain of views starts from."""
+    while view_input_map(x) is not None:
+        x = x.inputs[0]
+    return x
 
 
 def segment_fold(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:

@@ -171,3 +171,25 @@ def test_a_row_fold_over_a_padded_product_row_is_its_epilogue(op, fp16):
                                                "axes": np.array([-1], np.int64)}, opset=18)
     c = check_gpu(m, tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
     assert len(c.kernels) == 1 and c.kernels[0].src.template == "gemm"
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("pre_norm,affine", [(False, True), (True, False)])
+def test_a_layernorm_over_a_convolutions_channels_is_its_epilogue(fp16, pre_norm, affine):
+    """ConvNeXt's stem: conv -> channels-last -> layernorm over 24 channels (a tile of 32, 8
+    padding lanes), stored beside the conv's output when that is returned too."""
+    from tests.passes.test_segment_layernorm import stem_model
+
+    c = check_gpu(stem_model(also_pre_norm=pre_norm, affine=affine), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert [k.src.kernel_name for k in c.kernels] == ["conv_add_transpose_layernorm", "conv"]
+    assert {cfg["BN"] for cfg in c.kernels[0].src.configs} == {32}
+    assert ("out1" in c.kernels[0].src.args) == pre_norm
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_post_norm_after_a_residual_is_the_products_epilogue(fp16):
+    from tests.passes.test_segment_layernorm import residual_norm_model
+
+    c = check_gpu(residual_norm_model(96), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert [k.src.kernel_name for k in c.kernels] == ["dot_add_layernorm"]
+    assert {cfg["BN"] for cfg in c.kernels[0].src.configs} == {128}

@@ -18,8 +18,7 @@ from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
 from fusegraph.targets.gpu.templates.gemm_prologue import RowStatistics, prologue_norms, selected_loads
-from fusegraph.targets.gpu.templates.gemm_reduce import (PixelSums, emit_pixel_sums, emit_segment_reduce, emit_segment_softmax,
-                                                           pixel_sum_returns)
+from fusegraph.targets.gpu.templates.gemm_reduce import SEGMENT_EMITTERS, PixelSums, emit_pixel_sums, pixel_sum_returns
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
 
@@ -100,10 +99,9 @@ class GemmEmitter:
         return self.w.arg_list()
 
     def _epilogue_reduction(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...]) -> str:
-        if ins.op.algorithm == "segment_softmax":
-            return emit_segment_softmax(self.w, ins, tile, index, mask, self.width_of[id(tile)])
-        if ins.op.algorithm == "segment_reduce":
-            return emit_segment_reduce(self.w, ins, tile, index, mask, self.width_of[id(tile)])
+        emit = SEGMENT_EMITTERS.get(ins.op.algorithm)
+        if emit is not None:
+            return emit(self.w, ins, tile, index, mask, self.width_of[id(tile)])
         if id(tile) not in self.sum_codes:
             raise CodegenError(f"the epilogue of {self.kernel} reads a sum over its pixels, which it only stores")
         return self.sum_codes[id(tile)]

@@ -1,5 +1,5 @@
 """Reductions inside a GEMM epilogue: across a tile's columns (`segment_softmax`,
-`segment_reduce`) and over each
+`segment_reduce`, `segment_layernorm`) and over each
 sample's pixels of a convolution (`epilogue_sum`, the squeeze of an SE block).
 
 The pass (`passes/reduction_epilogue.py`) lets a softmax join a product's epilogue when each
@@ -32,7 +32,7 @@ from fusegraph.targets.gpu.scalar_ops import fold_across
 
 def run_length(module: Module) -> int:
     """The run length of the group's reductions across the tile (0: none)."""
-    lengths = {ins.op.attrs["length"] for ins in module if ins.op.algorithm in ("segment_softmax", "segment_reduce")}
+    lengths = {ins.op.attrs["length"] for ins in module if ins.op.algorithm in SEGMENT_EMITTERS}
     if len(lengths) > 1:
         raise CodegenError(f"reductions over runs of {sorted(lengths)} channels in one epilogue; one tile width fits one")
     return lengths.pop() if lengths else 0
@@ -65,6 +65,30 @@ def emit_segment_reduce(w: KernelWriter, ins: Instruction, tile: Tile, index: In
     masked = w.let(f"tl.where({cols}, {x}, {identity})") if cols else x
     total = w.let(f"{fold_across(a['combine'], masked, 1)}[:, None]")
     return w.let(f"{total} / {a['length']}.0") if a["finalize"] == "div" else total
+
+
+def emit_segment_layernorm(w: KernelWriter, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...],
+                           width: str) -> str:
+    """The layernorm of `ins`'s input over each row of the [BM, width] tile (one run): mean and
+    variance in float32 over the valid columns (two passes over the row held in registers, no
+    `E[x^2] - E[x]^2` cancellation), then the affine when scale and bias are inputs."""
+    a = ins.op.attrs
+    x = w.let(f"tl.broadcast_to({w.value(ins.inputs[0], tile, index, mask)}, [BM, {width}]).to(tl.float32)")
+    cols = tile.bounds.get("rn")
+    valid = w.let(f"tl.where({cols}, {x}, 0.0)") if cols else x
+    mean = w.let(f"(tl.sum({valid}, 1) / {a['length']}.0)[:, None]")
+    dev = w.let(f"tl.where({cols}, {x} - {mean}, 0.0)" if cols else f"{x} - {mean}")
+    rstd = w.let(f"(1.0 / tl.sqrt(tl.sum({dev} * {dev}, 1) / {a['length']}.0 + {a['epsilon']}))[:, None]")
+    y = w.let(f"{dev} * {rstd}")
+    if len(ins.inputs) == 3:
+        scale, bias = (w.value(p, tile, index, mask) for p in ins.inputs[1:])
+        y = w.let(f"{y} * {scale} + {bias}")
+    return y
+
+
+# how each reduction across the tile's columns is written, by its op's algorithm
+SEGMENT_EMITTERS = {"segment_softmax": emit_segment_softmax, "segment_reduce": emit_segment_reduce,
+                    "segment_layernorm": emit_segment_layernorm}
 
 
 @dataclass(frozen=True)
