@@ -19,8 +19,8 @@ own that writes a tensor the anchor then reads back. The rule, per producer P of
   the parts by the index range (`Select`). A concat of kernel outputs only stays: its parts
   are written in place into one buffer already, at no cost, and a select would only add masks.
 * P is a layernorm over the last axis that only products read, each along that axis (their
-  K): the kernel computes the row statistics in a loop of its own before the k loop
-  (`templates/gemm_prologue.py`) and normalizes the A tile as it loads it.
+  K): the kernel computes the row statistics and normalizes (`templates/gemm_prologue.py`:
+  in the k loop and after the product, or in a loop of their own before it).
 * Reductions (other than that layernorm), anchors and data movement are never computed inside.
 
 Only product anchors (family `gemm`) take computed prologues, and only on A: the weights stay

@@ -109,3 +109,29 @@ def test_layernorm_without_affine_on_its_own():
     compiled.poison()
     got = compiled.run({"x": value})["y"]
     assert rel_err(got, api.run(p, {"x": value})["y"]) <= TOL
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_layernorm_normalized_after_the_product(fp16):
+    """Without split-k the kernel multiplies the rows less a shift and corrects the accumulator
+    after the k loop (`RowStatistics`, deferred); with split-k it keeps the statistics loop.
+    Rows with a mean of 300 and a spread of 1, K of 520 (a partial last chunk of 8), 37 rows: every
+    config the kernel offers of each kind, on fresh inputs, against the reference."""
+    model = make_model([node("Add", ["x", "shift"], ["xs"]), node("LayerNormalization", ["xs", "g", "bt"], ["t"], axis=-1),
+                        node("MatMul", ["t", "w"], ["y"])], {"x": [1, 37, 520]}, ["y"],
+                       {"shift": np.full(520, 300.0, np.float32), "g": rand(520, seed=1), "bt": rand(520, seed=2),
+                        "w": rand(520, 48, seed=3, scale=0.2)})
+    program = parse_onnx(model)
+    compiled = api.compile(program, "gpu", tune=False, fp16=fp16)
+    (k,) = compiled.kernels
+    assert "ln_wsum" in k.src.source and "for k1 in range(0, 520, BK)" in k.src.source
+    unsplit = [c for c in k.src.configs if c["SPLIT"] == 1]
+    split = [c for c in k.src.configs if c["SPLIT"] > 1]
+    assert unsplit and split
+    rng = np.random.default_rng(12)
+    for config in unsplit[:3] + [c for c in unsplit if c["BK"] == 32][:1] + split[:2]:
+        k.config = config
+        x = rng.standard_normal((1, 37, 520)).astype(np.float32)
+        compiled.poison()
+        got = compiled.run({"x": x})["y"]
+        assert rel_err(got, api.run(program, {"x": x})["y"]) < (FP16_TOL if fp16 else 1e-4), config

@@ -54,3 +54,33 @@ def test_every_yolov5s_kernel_compiles_for_sm90(model, half, batch):
     for (src, _), r in zip(jobs, results):
         assert r.cubin_bytes > 0 and r.ptx_lines > 0, src.name
         assert r.shared_bytes <= H200.shared_bytes_per_block, f"{src.name} needs {r.shared_bytes} bytes of shared memory"
+
+
+def test_layernorm_products_compile_for_sm90():
+    """The layernorm kernels whose source only this target's compiler checks fully: a prologue
+    layernorm normalized after the product (no split-k) and before it (split-k), and a
+    layernorm over a product's channels in its epilogue, fp16, each under one such config."""
+    pytest.importorskip("triton")
+    from dataclasses import replace
+
+    from onnx import helper
+
+    from tests.helpers import make_model, rand
+    from tests.passes.test_segment_layernorm import residual_norm_model
+
+    prologue = make_model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1),
+                           helper.make_node("MatMul", ["t", "w"], ["y"])], {"x": [1, 49, 768]}, ["y"],
+                          {"g": rand(768, seed=1), "b": rand(768, seed=2), "w": rand(768, 3072, seed=3)})
+    jobs = []
+    for model in (prologue, residual_norm_model(96)):
+        program = parse_onnx(model)
+        ToHalf(DType.float16).apply(program.main)
+        fuse(program)
+        plan = plan_program(program.main)
+        (ins,) = [i for i in program.main if is_fused(i)]
+        src = generate(ins, 0, kernel_inputs(ins, plan))
+        firsts = {c["SPLIT"] > 1: c for c in reversed(src.configs)}  # the first of each kind
+        jobs += [(replace(src, configs=[c]), arg_dtypes(ins, src)) for c in firsts.values()]
+    assert len(jobs) == 3  # the epilogue's kernel has no split-k candidate
+    for (src, _), r in zip(jobs, compile_many(jobs, workers=2)):
+        assert r.cubin_bytes > 0 and r.shared_bytes <= H200.shared_bytes_per_block, (src.kernel_name, src.configs)

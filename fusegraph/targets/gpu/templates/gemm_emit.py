@@ -17,7 +17,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
-from fusegraph.targets.gpu.templates.gemm_prologue import RowStatistics, prologue_norms, selected_loads
+from fusegraph.targets.gpu.templates.gemm_prologue import RowStatistics, deferrable, prologue_norms, selected_loads
 from fusegraph.targets.gpu.templates.gemm_reduce import SEGMENT_EMITTERS, PixelSums, emit_pixel_sums, pixel_sum_returns
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
@@ -82,7 +82,9 @@ class GemmEmitter:
         self.a_plain = a_loads is not None  # A computes nothing: its loads are zero wherever masked
         self.w.raw_loads = {id(x) for x in [*(a_loads or []), self.b_in] if is_load(x)}
         self.a_masked = self.a_plain and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
-        self.stats = RowStatistics(self.w, prologue_norms(module, anchor), spec.a_index, spec.k)
+        self.norms = prologue_norms(module, anchor)
+        # normalizing after the product: not for float64's summed products nor tf32's rounded rows
+        self.defer_norm = deferrable(module, anchor, self.norms) and not allow_tf32 and dtype != DType.float64
         self.m_bound = f"(rm[:, None] < {spec.m})"
         self.acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
         self.operand = TRITON_TYPES[dtype]
@@ -122,6 +124,8 @@ class GemmEmitter:
         w.emit("pid_k = tl.program_id(2) % SPLIT")
         w.emit("rm = pid_m * BM + tl.arange(0, BM)")
         w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
+        # two narrower products would each need W's column sums: a period tile normalizes first
+        self.stats = RowStatistics(w, self.norms, spec.a_index, spec.k, self.defer_norm and not period)
         self.stats.emit(self.m_bound)
         # a period of a power of two fills its tile exactly: no bound, so Triton sees whole rows
         n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"
@@ -158,6 +162,8 @@ class GemmEmitter:
                     w.emit(f"{b.acc} += tl.sum({a_tile}[:, :, None] * {b_tile}[None, :, :], axis=1)")
                 else:
                     w.emit(f"{b.acc} = tl.dot({a_tile}, {b_tile}, {b.acc}{self.precision})")
+                    self.stats.column_sums(b_tile, self.operand, self.precision)
+        self.stats.finish(blocks[0].acc)
         if split:
             split_k_fixup(w)
         else:

@@ -2,15 +2,16 @@
 
 A product's A operand may be computed by its prologue (`passes/prologue_rule.py`): pointwise
 ops and selects between concat parts are plain kernel-writer values, read in the k loop. A
-layernorm in the prologue needs its rows' statistics before the first product: a loop over
-the row's K (in BK chunks) computes each of the tile's BM rows' mean and variance in float32,
-by Chan's combination of per-chunk means and squared deviations (exact two-pass sums within a
-chunk, no `E[x^2] - E[x]^2` cancellation), and the k loop then normalizes the A tile as it
-loads it. The affine is not here: `fold_norm_affine` moved it into the weights.
+layernorm in the prologue needs its rows' mean and variance in float32, by Chan's combination
+of per-chunk means and squared deviations (exact two-pass sums within a chunk, no
+`E[x^2] - E[x]^2` cancellation): taken in the k loop itself with the normalization after the
+product, or in a loop over the row's K before it (`RowStatistics` says when which). The
+affine is not here: `fold_norm_affine` moved it into the weights.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 from fusegraph.ir.program import Instruction, Module
@@ -33,17 +34,43 @@ def prologue_norms(module: Module, anchor: Instruction) -> list[Instruction]:
     return [ins for ins in module if ins is not anchor and ins.op.algorithm == "layernorm"]
 
 
-class RowStatistics:
-    """Emits the statistics loop of each prologue layernorm and gives its normalized value."""
+def deferrable(module: Module, anchor: Instruction, norms: list[Instruction]) -> bool:
+    """Whether the product may normalize after the k loop (`RowStatistics`, deferred): its A is
+    the one prologue layernorm itself, read by nothing else in the group, and its B a plain
+    load (the weights, whose column sums the kernel takes with the same tiles)."""
+    if len(norms) != 1 or anchor.inputs[0] is not norms[0] or not is_load(anchor.inputs[1]):
+        return False
+    return all(u is anchor for u in module.users().get(norms[0], []))
 
-    def __init__(self, w: KernelWriter, norms: list[Instruction], a_index: Index, k: int) -> None:
-        self.w, self.norms, self.a_index, self.k = w, norms, a_index, k
+
+class RowStatistics:
+    """Emits the statistics of each prologue layernorm and gives its normalized value.
+
+    Normalizing the A tile as it loads needs each row's statistics before the first product:
+    a loop of their own over the row's K chunks, K/BK dependent loads before the k loop starts
+    (`emit`). Deferred, for one layernorm that alone is A, the normalization moves past the
+    product instead: with c any per-row shift,
+    dot((x - mean) * rstd, W) = rstd * (dot(x - c, W) - (mean - c) * colsum(W)),
+    so the k loop multiplies the shifted rows, folds each chunk it loaded into the rows'
+    statistics and takes W's column sums with a second, 16-row product of ones
+    (`column_sums`); after the loop the accumulator is corrected in float32 (`finish`). One
+    pass over A and no loop before the product. The shift is each row's first chunk's mean:
+    rows far from zero (a mean of 300, a spread of 1) would otherwise leave a float32
+    accumulator to cancel 300 * colsum(W) against itself. Split-k programs see only part of K,
+    so with SPLIT > 1 the kernel keeps the statistics loop (a constexpr branch: each config
+    builds one of the two). With tf32 the shifted rows would lose bits to its rounding, so it
+    is not deferred there.
+    """
+
+    def __init__(self, w: KernelWriter, norms: list[Instruction], a_index: Index, k: int, deferred: bool = False) -> None:
+        self.w, self.norms, self.a_index, self.k, self.deferred = w, norms, a_index, k, deferred
         self.names: dict[int, tuple[str, str]] = {}
         for ln in norms:
             w.anchor_values[id(ln)] = self._normalized(ln)
 
     def emit(self, m_bound: str) -> None:
-        """Before the k loop: mean and 1/std of the tile's rows, for every prologue layernorm."""
+        """Before the k loop: mean and 1/std of the tile's rows, for every prologue layernorm
+        (deferred: only when SPLIT > 1, the rows' running statistics start empty otherwise)."""
         if not self.norms:
             return
         w, k = self.w, self.k
@@ -51,20 +78,49 @@ class RowStatistics:
         for j, _ in enumerate(self.norms):
             w.emit(f"ln{j}_mean = tl.zeros([BM], dtype=tl.float32)")
             w.emit(f"ln{j}_m2 = tl.zeros([BM], dtype=tl.float32)")
-        with w.block(f"for k1 in range(0, {k}, BK):"):
-            w.emit("rk = k1 + tl.arange(0, BK)")
-            w.emit(f"ln_in_row = rk[None, :] < {k}")
-            w.emit("ln_seen = k1 * 1.0")
-            w.emit("ln_count = tl.sum(ln_in_row.to(tl.float32))")
-            for j, ln in enumerate(self.norms):
-                x = w.value(ln.inputs[0], tile, self.a_index)
-                self._combine(f"ln{j}", x)
+            w.emit(f"ln{j}_rstd = tl.zeros([BM], dtype=tl.float32)")
+        if self.deferred:
+            w.emit("ln_wsum = tl.zeros([16, BN], dtype=tl.float32)")
+            w.emit("ln0_shift = tl.zeros([BM], dtype=tl.float32)")
+        with w.block("if SPLIT > 1:") if self.deferred else nullcontext():
+            with w.block(f"for k1 in range(0, {k}, BK):"):
+                w.emit("rk = k1 + tl.arange(0, BK)")
+                self._chunk("k1")
+                for j, ln in enumerate(self.norms):
+                    x = w.value(ln.inputs[0], tile, self.a_index)
+                    self._combine(f"ln{j}", x)
+            self._rstd()
         for j, ln in enumerate(self.norms):
-            rstd = w.let(f"1.0 / tl.sqrt(ln{j}_m2 / {k}.0 + {ln.op.attrs['epsilon']})", f"ln{j}_rstd")
-            self.names[id(ln)] = (f"ln{j}_mean", rstd)
+            self.names[id(ln)] = (f"ln{j}_mean", f"ln{j}_rstd")
 
-    def _combine(self, name: str, x: str) -> None:
-        """Fold one chunk of rows `x` into the running mean and squared deviations `name`."""
+    def column_sums(self, b_tile: str, operand: str, precision: str) -> None:
+        """In the k loop of a deferred kernel: add the chunk's B rows into W's column sums."""
+        if self.deferred:
+            with self.w.block("if SPLIT == 1:"):
+                self.w.emit(f"ln_wsum = tl.dot(tl.full([16, BK], 1.0, {operand}), {b_tile}, ln_wsum{precision})")
+
+    def finish(self, acc: str) -> None:
+        """After the k loop of a deferred kernel: the accumulator of the raw rows, normalized."""
+        if not self.deferred:
+            return
+        with self.w.block("if SPLIT == 1:"):
+            self._rstd()
+            # every row of the sums of ones is W's column sums: the max picks one, exactly
+            self.w.emit(f"{acc} = ({acc} - (ln0_mean - ln0_shift)[:, None] * tl.max(ln_wsum, 0)[None, :]) * ln0_rstd[:, None]")
+
+    def _chunk(self, start: str) -> None:
+        w = self.w
+        w.emit(f"ln_in_row = rk[None, :] < {self.k}")
+        w.emit(f"ln_seen = {start} * 1.0")
+        w.emit("ln_count = tl.sum(ln_in_row.to(tl.float32))")
+
+    def _rstd(self) -> None:
+        for j, ln in enumerate(self.norms):
+            self.w.emit(f"ln{j}_rstd = 1.0 / tl.sqrt(ln{j}_m2 / {self.k}.0 + {ln.op.attrs['epsilon']})")
+
+    def _combine(self, name: str, x: str) -> str:
+        """Fold one chunk of rows `x` into the running mean and squared deviations `name`;
+        returns the chunk's mean."""
         w = self.w
         chunk = w.let(f"tl.sum(tl.where(ln_in_row, {x}, 0.0), axis=1) / ln_count", "cm")
         dev = w.let(f"tl.where(ln_in_row, {x} - {chunk}[:, None], 0.0)", "dev")
@@ -72,6 +128,7 @@ class RowStatistics:
         total = w.let("ln_seen + ln_count", "total")
         w.emit(f"{name}_mean = {name}_mean + {delta} * (ln_count / {total})")
         w.emit(f"{name}_m2 = {name}_m2 + tl.sum({dev} * {dev}, axis=1) + {delta} * {delta} * (ln_seen * ln_count / {total})")
+        return chunk
 
     def _normalized(self, ln: Instruction) -> Callable[[Tile, Index], str]:
         """The k loop's value of `ln` at a tile index: its input there, normalized by its row's statistics."""
@@ -79,6 +136,16 @@ class RowStatistics:
         def value(tile: Tile, index: Index) -> str:
             mean, rstd = self.names[id(ln)]
             x = self.w.value(ln.inputs[0], tile, index)
-            return self.w.let(f"({x} - {mean}[:, None]) * {rstd}[:, None]")
+            if not self.deferred:
+                return self.w.let(f"({x} - {mean}[:, None]) * {rstd}[:, None]")
+            name = self.w.fresh("lna")
+            with self.w.block("if SPLIT == 1:"):  # the rows less their first chunk's mean, folded into their statistics
+                self._chunk("k0")
+                chunk_mean = self._combine("ln0", x)
+                self.w.emit(f"ln0_shift = tl.where(ln_seen == 0, {chunk_mean}, ln0_shift)")
+                self.w.emit(f"{name} = {x} - ln0_shift[:, None]")
+            with self.w.block("else:"):
+                self.w.emit(f"{name} = ({x} - {mean}[:, None]) * {rstd}[:, None]")
+            return name
 
         return value
