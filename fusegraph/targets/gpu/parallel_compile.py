@@ -11,7 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,26 +48,71 @@ def _warm(job: Job) -> tuple[str | None, float]:
         return f"{src.name} {config}: {type(e).__name__}: {e}", time.monotonic() - start
 
 
+class ParallelBuild:
+    """Jobs building in worker processes while the caller goes on: `wait` blocks only until
+    the jobs it names are built, so the tuner times a kernel's candidates as soon as they are
+    in Triton's cache while the workers build the later kernels' (the tuning then costs no wall
+    time but what trails the last build). Leaving the context waits for every job."""
+
+    def __init__(self, jobs: list[Job], progress: Callable[[str, int, int], None] | None = None,
+                 workers: int | None = None, build: Callable[[Job], tuple[str | None, float]] | None = None) -> None:
+        self.jobs, self.progress, self.build = jobs, progress, build or _warm
+        self.report = BuildReport()
+        self.report.workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) - 1, 32))
+        self._futures: list[Future] = []
+        self._recorded: set[int] = set()
+        self.finished_at = 0.0  # when the last job was built (time.monotonic)
+
+    def __enter__(self) -> "ParallelBuild":
+        self._start = self.finished_at = time.monotonic()
+        if self.jobs:
+            self._pool = worker_pool(self.report.workers)
+            self._futures = [self._pool.submit(self.build, job) for job in self.jobs]
+            for f in self._futures:  # the time each build ends, not when the caller looks
+                f.add_done_callback(self._finished)
+        return self
+
+    def _finished(self, _: Future) -> None:
+        self.finished_at = max(self.finished_at, time.monotonic())
+
+    def wait(self, indices: list[int]) -> None:
+        """Block until jobs `indices` (positions in the job list) are built."""
+        for _ in as_completed([self._futures[i] for i in indices]):
+            self._record()  # each completion, so progress moves while a long wait lasts
+
+    def __exit__(self, error: type[BaseException] | None, *rest: object) -> None:
+        if not self._futures:
+            return
+        if error is not None:  # the caller gave up: no need of the builds still queued
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            return
+        self.wait(list(range(len(self._futures))))
+        self._pool.shutdown()
+        self.report.wall_seconds = self.finished_at - self._start
+
+    def _record(self) -> None:
+        """Add every job built so far to the report, in the order they finished here."""
+        new = False
+        for i, f in enumerate(self._futures):
+            if i in self._recorded or not f.done():
+                continue
+            self._recorded.add(i)
+            new = True
+            err, seconds = f.result()
+            src, _, config = self.jobs[i]
+            self.report.seconds.append((seconds, f"{src.name} {config}"))
+            if err:
+                self.report.failures.append(err)
+        if self.progress and new:
+            self.progress("compiling kernels", len(self._recorded), len(self.jobs))
+
+
 def compile_all(jobs: list[Job], progress: Callable[[str, int, int], None] | None = None,
                 workers: int | None = None) -> BuildReport:
     """Compile every job; the report lists the failures and what each build took."""
-    report = BuildReport()
-    if not jobs:
-        return report
-    start = time.monotonic()
-    report.workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) - 1, 32))
-    with worker_pool(report.workers) as pool:
-        futures = {pool.submit(_warm, job): job for job in jobs}
-        for done, f in enumerate(as_completed(futures), 1):
-            err, seconds = f.result()
-            src, _, config = futures[f]
-            report.seconds.append((seconds, f"{src.name} {config}"))
-            if err:
-                report.failures.append(err)
-            if progress:
-                progress("compiling kernels", done, len(jobs))
-    report.wall_seconds = time.monotonic() - start
-    return report
+    with ParallelBuild(jobs, progress, workers) as build:
+        pass
+    return build.report
 
 
 #: the sections of Triton's settings (`triton.knobs`) that can change a kernel's binary or cache key
