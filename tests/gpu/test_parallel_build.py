@@ -33,10 +33,8 @@ def test_a_wait_returns_when_its_jobs_are_built_not_all():
     seen = []
     with ParallelBuild(jobs(0.0, 3.0, 0.0), lambda what, done, total: seen.append((done, total)),
                        workers=2, build=fake_build) as build:
-        started = time.monotonic()
         build.wait([0])
-        assert time.monotonic() - started < 2.5  # the 3 s job is still building
-        assert [s for s, _ in build.report.seconds] in ([0.0], [0.0, 0.0])
+        assert [s for s, _ in build.report.seconds] in ([0.0], [0.0, 0.0])  # the 3 s job is still building
     assert sorted(s for s, _ in build.report.seconds) == [0.0, 0.0, 3.0]
     assert seen[-1] == (3, 3) and [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert build.report.wall_seconds >= 3.0 and build.report.failures == []
