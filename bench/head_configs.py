@@ -158,10 +158,10 @@ def variant(kernel: Any, args: list[Any], config: dict[str, int], name: str) -> 
     args = [scratch if a == "ws" else t for a, t in zip(kernel.src.args, args)]
     change = VARIANTS[name][1]
     fn = load_kernel(replace(kernel.src, body=_rewrite(kernel.src.body, **change) if change else kernel.src.body))
-    constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+    constexprs, options = kernel.src.launch_arguments(config)
 
     def launch() -> None:
-        fn[grid](*args, **constexprs, num_warps=config["num_warps"], num_stages=config["num_stages"])
+        fn[grid](*args, **constexprs, **options)
 
     return launch, scratch
 

@@ -7,6 +7,8 @@ For each model (`--models`, default all of bench/model_specs.py) and batch (`--b
   else the batch-1 graph with its batch constants rewritten), compiled for the GPU with default
   tuning, timed as replays of its CUDA graph; its cold compile time (parse, compile, first run)
   is printed and tabled;
+* fusegraph-pdl: the same with every kernel built for programmatic dependent launch
+  (FUSEGRAPH_DEPENDENT_LAUNCH=1; sm_90 and later; not in the default modes);
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -42,15 +44,16 @@ import torch
 
 import fusegraph
 import fusegraph.zoo
-from bench.common import Check, bench_parser, check, compile_fusegraph, exact_fp32, first_line
+from bench.common import Check, bench_parser, check, compile_fusegraph, environment, exact_fp32, first_line
 from bench.model_specs import SPECS, library_missing, library_module
 from bench.timing import (Table, Timing, capture_graph, count_kernels, synchronize, time_calls, time_gpu,
                           write_results)
 from bench.yolov5s import with_batch
 from fusegraph.driver.inputs import input_ranges
 from fusegraph.driver.perf import compile_phase_lines
+from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 
-MODES = ("fusegraph", "eager", "compile", "max-autotune")
+MODES = ("fusegraph", "fusegraph-pdl", "eager", "compile", "max-autotune")
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
@@ -136,11 +139,14 @@ def fp32_reference(case: Case) -> torch.Tensor:
         return torch.from_numpy(np.asarray(sess.run([case.output_name], feeds)[0])).to(case.device)
 
 
-def run_fusegraph(case: Case, iters: int) -> Row:
-    row = Row(case.name, case.batch, "fusegraph")
+def run_fusegraph(case: Case, iters: int, dependent_launch: bool = False) -> Row:
+    """fusegraph's row; `dependent_launch`: its kernels built for programmatic dependent launch
+    (FUSEGRAPH_DEPENDENT_LAUNCH=1 while it compiles), the `fusegraph-pdl` contender."""
+    row = Row(case.name, case.batch, "fusegraph-pdl" if dependent_launch else "fusegraph")
     t0 = time.perf_counter()
     try:
-        runner, reason = compile_fusegraph(case.program(), case.device, fp16=True)
+        with environment(DEPENDENT_LAUNCH_ENV, "1" if dependent_launch else "0"):
+            runner, reason = compile_fusegraph(case.program(), case.device, fp16=True)
         if runner is None:
             row.note = reason
             return row
@@ -310,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(name, int(b)) for b in args.batches.split(",") for name in models]  # every model at batch 1 first
     # fusegraph's compiles come first, every case's: after torch.compile or the profiler has run in a
     # process, its kernel tuning there took several times longer (BERT-base 39 s instead of a few)
-    fused = _each_case(cases, args, device, start, lambda c: [run_fusegraph(c, iters)] if "fusegraph" in modes else [])
+    fused = _each_case(cases, args, device, start,
+                       lambda c: ([run_fusegraph(c, iters)] if "fusegraph" in modes else [])
+                       + ([run_fusegraph(c, iters, dependent_launch=True)] if "fusegraph-pdl" in modes else []))
     for row in fused:
         count_fusegraph_kernels(row, device)
     _free()

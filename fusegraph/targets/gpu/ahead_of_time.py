@@ -105,11 +105,11 @@ def build_for(src: KernelSource, arg_dtypes: list[DType], config: Config | None 
     with _compiled_mode():
         fn = load_kernel(gpu_src)
         signature = {a: POINTER_TYPES[d] for a, d in zip(src.args, arg_dtypes)}
-        constexprs = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
+        constexprs, options = src.launch_arguments(c)
         signature.update({k: "constexpr" for k in constexprs})
         # pointers 16-byte aligned, as the launcher specializes the arena's and torch's buffers:
         # without it Triton builds a less pipelined kernel (a third of the shared memory)
         aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(src.args))}
         ast = ASTSource(fn, signature, constexprs, aligned)
         return triton.compile(ast, target=GPUTarget("cuda", capability, warp_size),
-                              options={"num_warps": c["num_warps"], "num_stages": c["num_stages"]})
+                              options=options)

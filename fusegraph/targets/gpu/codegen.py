@@ -10,6 +10,7 @@ template.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import replace
 from typing import Any
@@ -21,7 +22,7 @@ from fusegraph.ir.program import Instruction
 from fusegraph.ops.base import is_fused, is_literal
 from fusegraph.targets.gpu.activation_layout import choose_activation_layouts
 from fusegraph.targets.gpu.anchor import find_anchor
-from fusegraph.targets.gpu.kernel_source import KernelSource
+from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV, KernelSource, with_dependent_launch
 from fusegraph.targets.gpu.kernel_writer import CodegenError, KernelInputs
 from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, plan_memory, stored_buffer_input, strided_shape
 from fusegraph.targets.gpu.templates import attention, depthwise, gemm, movement, reduction, window  # noqa: F401  (they register what they lower)
@@ -66,7 +67,15 @@ def generate(fused: Instruction, position: int, inputs: KernelInputs, allow_tf32
     except CodegenError as e:
         raise CodegenError(f"kernel {name} ({fused.origin or kernel}): {e}") from None
     src.interpret = interpret
+    if dependent_launch() and not interpret:  # the interpreter runs one kernel at a time
+        src = with_dependent_launch(src)
     return named_by_content(src)
+
+
+def dependent_launch() -> bool:
+    """Whether kernels are built for programmatic dependent launch (`FUSEGRAPH_DEPENDENT_LAUNCH=1`,
+    an sm_90 feature, off by default until measured: `kernel_source.with_dependent_launch`)."""
+    return os.environ.get(DEPENDENT_LAUNCH_ENV) == "1"
 
 
 def plan_program(main: Any) -> MemoryPlan:

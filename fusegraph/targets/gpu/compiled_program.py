@@ -110,9 +110,9 @@ class Kernel:
 
     def launch(self, tensors: list[Any], config: Config | None = None) -> None:
         c = config or self.config
-        constexprs = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
+        constexprs, options = self.src.launch_arguments(c)
         try:
-            self.fn[self.src.grid(c)](*tensors, **constexprs, num_warps=c["num_warps"], num_stages=c["num_stages"])
+            self.fn[self.src.grid(c)](*tensors, **constexprs, **options)
         except FusegraphError:
             raise
         except Exception as e:  # noqa: BLE001 - Triton's own error, said with the kernel's name

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 LIBDEVICE = {
@@ -21,6 +21,7 @@ def _prod_combine(a, b):
 """
 
 Config = dict[str, int]
+LAUNCH_OPTIONS = ("num_warps", "num_stages")  # the config keys that are Triton launch options, not constexprs
 # candidates per kernel the default tune times (templates order them best first; the rest are
 # for --exhaustive-tune) unless a source says otherwise
 DEFAULT_TUNE_CONFIGS = 6
@@ -48,10 +49,20 @@ class KernelSource:
     interpret: bool = False
     default_tune: int = 0  # candidates the default tune times; 0: DEFAULT_TUNE_CONFIGS
     pixel_sums: Any = None  # a GEMM's sums over its pixels (templates/gemm_reduce.PixelSums), for their scratch
+    dependent_launch: bool = False  # launched with programmatic dependent launch (`with_dependent_launch`)
 
     @property
     def source(self) -> str:
         return HEADER.format(libdevice=LIBDEVICE[self.interpret]) + "\n\n" + self.body
+
+    def launch_arguments(self, config: Config) -> tuple[dict[str, int], dict[str, Any]]:
+        """A config as the kernel's constexpr arguments and Triton's launch options, the split
+        every launch, warm-up and ahead-of-time build makes."""
+        constexprs = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}
+        options: dict[str, Any] = {k: config[k] for k in LAUNCH_OPTIONS}
+        if self.dependent_launch:
+            options["launch_pdl"] = True
+        return constexprs, options
 
     def grid(self, config: Config) -> tuple[int, ...]:
         return tuple((cdiv(n, config[b]) if b else n) * (config[m] if m else 1) for n, b, m in self.grid_dims)
@@ -68,3 +79,27 @@ def cdiv(a: int, b: int) -> int:
 def signature(name: str, args: list[str], constexprs: list[str]) -> str:
     params = args + [f"{c}: tl.constexpr" for c in constexprs]
     return f"@triton.jit\ndef {name}({', '.join(params)}):"
+
+
+# The environment switch of programmatic dependent launch (sm_90 and later), off by default.
+DEPENDENT_LAUNCH_ENV = "FUSEGRAPH_DEPENDENT_LAUNCH"
+# What a kernel does first under it: wait until the kernel before it in the stream has finished
+# and its writes are visible, then let the next kernel be launched.
+DEPENDENT_LAUNCH_LINES = ["    tl.extra.cuda.gdc_wait()", "    tl.extra.cuda.gdc_launch_dependents()"]
+
+
+def with_dependent_launch(src: KernelSource) -> KernelSource:
+    """`src` launched with programmatic dependent launch: the GPU starts it while the kernel
+    before it still runs, instead of after that kernel has drained, and hides most of the gap
+    between two dependent kernels, which at batch 1 is a large part of a kernel's time.
+
+    Every kernel of a program waits (`gdc_wait`) before its first load or store, so no kernel
+    reads a value before its producer has written it, nor overwrites a buffer an earlier kernel
+    still reads: when a kernel passes its wait, the one before it has finished, and that one
+    had passed its own wait, so all earlier kernels have. It lets its successor launch at once
+    (`gdc_launch_dependents`): the successor's programs are placed only once every program of
+    this kernel has started, so they never take the place of one still to run."""
+    lines = src.body.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"def {src.name}("))
+    lines[at + 1:at + 1] = DEPENDENT_LAUNCH_LINES
+    return replace(src, body="\n".join(lines), dependent_launch=True)

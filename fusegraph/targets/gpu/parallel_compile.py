@@ -41,8 +41,8 @@ def _warm(job: Job) -> tuple[str | None, float]:
     start = time.monotonic()
     try:
         fn = load_kernel(src)
-        constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
-        fn.warmup(*dtypes, grid=(1,), **constexprs, num_warps=config["num_warps"], num_stages=config["num_stages"])
+        constexprs, options = src.launch_arguments(config)
+        fn.warmup(*dtypes, grid=(1,), **constexprs, **options)
         return None, time.monotonic() - start
     except Exception as e:  # noqa: BLE001 - reported, and the config is then skipped by the tuner
         return f"{src.name} {config}: {type(e).__name__}: {e}", time.monotonic() - start

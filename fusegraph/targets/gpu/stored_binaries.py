@@ -78,9 +78,9 @@ def warm_up(kernel: Any) -> Any:
     from fusegraph.targets.gpu.compiled_program import torch_dtype
 
     c = kernel.config
-    constexprs = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
+    constexprs, options = kernel.src.launch_arguments(c)
     dtypes = [torch_dtype(b.shape.dtype) for b in kernel.args]
-    return kernel.fn.warmup(*dtypes, grid=(1,), **constexprs, num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return kernel.fn.warmup(*dtypes, grid=(1,), **constexprs, **options)
 
 
 def collect(kernels: list[Any], compile_one: Callable[[Any], Any] = warm_up) -> list[StoredBinary]:

@@ -1,0 +1,76 @@
+"""Programmatic dependent launch (`FUSEGRAPH_DEPENDENT_LAUNCH=1`, kernel_source.py
+`with_dependent_launch`): every kernel waits for the one before it before its first load or
+store and then lets the next one launch, and is launched with Triton's `launch_pdl` option;
+the interpreter, which runs one kernel at a time, gets the plain kernels. The sm_90 build
+shows the two grid-dependency instructions in the PTX."""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from fusegraph import parse_onnx
+from fusegraph.passes.pipeline import fuse
+from fusegraph.targets.gpu.codegen import program_kernels
+from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV, DEPENDENT_LAUNCH_LINES, with_dependent_launch
+from tests.gpu.test_gpu_kernels import check_gpu, node
+from tests.helpers import make_model, rand
+
+
+def two_kernel_model():
+    """A conv + relu, then a softmax over each channel's pixels: two kernels."""
+    return make_model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
+                       node("Flatten", ["r"], ["f"], axis=2), node("Softmax", ["f"], ["y"], axis=-1)],
+                      {"x": [1, 8, 6, 6]}, ["y"], {"w": rand(16, 8, 3, 3, seed=1, scale=0.3)})
+
+
+def test_every_compiled_kernel_waits_first_and_launches_dependent(monkeypatch):
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "1")
+    program = parse_onnx(two_kernel_model())
+    fuse(program)
+    kernels = program_kernels(program)
+    assert len(kernels) == 2
+    for src in kernels:
+        lines = src.body.split("\n")
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"def {src.name}("))
+        assert lines[at + 1:at + 3] == DEPENDENT_LAUNCH_LINES
+        assert src.dependent_launch
+        constexprs, options = src.launch_arguments(src.configs[0])
+        assert options["launch_pdl"] is True and "launch_pdl" not in constexprs
+    monkeypatch.delenv(DEPENDENT_LAUNCH_ENV)
+    plain = program_kernels(program)
+    assert all(not s.dependent_launch and "gdc_wait" not in s.body for s in plain)
+    assert {s.name for s in plain}.isdisjoint(s.name for s in kernels)  # other sources, other names
+
+
+def test_the_interpreter_runs_the_plain_kernels(monkeypatch):
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "1")
+    compiled = check_gpu(two_kernel_model())  # the values, either way
+    interpreted = compiled.kernels[0].src.interpret
+    assert all(k.src.dependent_launch != interpreted for k in compiled.kernels)
+
+
+def test_a_dependent_launch_kernel_builds_for_sm90():
+    pytest.importorskip("triton")
+    from fusegraph.ir.dtypes import DType
+
+    program = parse_onnx(two_kernel_model())
+    fuse(program)
+    src = with_dependent_launch(program_kernels(program)[1])
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_compiled) as pool:
+        ptx = pool.submit(_ptx, src, [DType.float32] * len(src.args)).result(timeout=300)
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+
+
+def _compiled() -> None:
+    import os
+
+    os.environ.pop("TRITON_INTERPRET", None)
+
+
+def _ptx(src, dtypes) -> str:
+    from fusegraph.targets.gpu.ahead_of_time import build_for
+
+    return build_for(src, dtypes).asm["ptx"]
