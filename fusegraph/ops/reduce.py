@@ -7,7 +7,7 @@ its input share an index space up to the reduced axes, which reduction fusion re
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -217,7 +217,7 @@ _FOLDS: dict[str, Callable[..., np.ndarray]] = {"add": np.sum, "max": np.max, "m
 
 @register
 class SegmentLayerNorm(Op):
-    """A layernorm over aligned runs of `length` elements along `axis` (and its affine, when
+    """A layernorm (an RMS norm without `center`) over aligned runs of `length` elements along `axis` (and its affine, when
     scale and bias come as inputs broadcast to x's lens): a layernorm over channels inside an
     anchor's epilogue, in the anchor's index space, as `segment_softmax` is. The statistics are
     taken across the tile's columns in float32 (`templates/gemm_reduce.py`)."""
@@ -227,8 +227,8 @@ class SegmentLayerNorm(Op):
     algorithm = "segment_layernorm"
     in_epilogue = True
 
-    def __init__(self, axis: int, length: int, epsilon: float) -> None:
-        super().__init__(axis=int(axis), length=int(length), epsilon=float(epsilon))
+    def __init__(self, axis: int, length: int, epsilon: float, center: bool = True) -> None:
+        super().__init__(axis=int(axis), length=int(length), epsilon=float(epsilon), center=bool(center))
 
     def reduced_axes(self, rank: int) -> tuple[int, ...]:
         return (self.axis,)
@@ -247,7 +247,7 @@ class SegmentLayerNorm(Op):
         lens = list(x.shape)
         runs = x.astype(np.float64).reshape(lens[:self.axis] + [lens[self.axis] // self.length, self.length]
                                             + lens[self.axis + 1:])
-        mean = runs.mean(axis=self.axis + 1, keepdims=True)
+        mean = runs.mean(axis=self.axis + 1, keepdims=True) if self.center else 0.0
         var = ((runs - mean) ** 2).mean(axis=self.axis + 1, keepdims=True)
         y = ((runs - mean) / np.sqrt(var + self.epsilon)).reshape(lens)
         if len(args) == 3:
@@ -299,6 +299,7 @@ class LayerNorm(Op):
     kind = OpKind.REDUCE
     family = "reduction"
     algorithm = "layernorm"
+    center: ClassVar[bool] = True  # subtract the mean (an RMS norm does not)
 
     def __init__(self, axis: int, epsilon: float = 1e-5) -> None:
         super().__init__(axis=int(axis), epsilon=float(epsilon))
@@ -316,9 +317,21 @@ class LayerNorm(Op):
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
         x = args[0].astype(np.float64)
         axes = tuple(range(self.axis, x.ndim))
-        mean = x.mean(axis=axes, keepdims=True)
+        mean = x.mean(axis=axes, keepdims=True) if self.center else 0.0
         var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
         y = (x - mean) / np.sqrt(var + self.epsilon)
         if len(args) == 3:
             y = y * args[1].astype(np.float64) + args[2].astype(np.float64)
         return y.astype(args[0].dtype)
+
+
+@register
+class RMSNorm(LayerNorm):
+    """x / sqrt(mean(x^2) + eps) * scale + bias over the axes from `axis` to the end: a
+    layernorm that does not subtract the mean (ONNX's RMSNormalization, the norm of LLaMA-style
+    decoders). It shares the layernorm's algorithm, so every place that fuses or lowers a
+    layernorm (a product's prologue, an epilogue over channels, the reduction template, the
+    affine folded into weights) takes it too, each reading `center`."""
+
+    name = "rmsnorm"
+    center = False

@@ -17,7 +17,6 @@ import numpy as np
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.ops.base import is_literal
-from fusegraph.ops.reduce import LayerNorm
 from fusegraph.ops.source import make_literal
 from fusegraph.passes.fold_into_weights import add_bias
 from fusegraph.passes.literal_values import broadcast_literal
@@ -103,7 +102,7 @@ class FoldNormAffine:
             paths = [_path(module, u, ln) for u in module.users().get(ln, [])]
             if affine is None or not paths or not all(p is not None and _weights(p[1]) for p in paths):
                 return False
-            norm = module.make(LayerNorm(ln.op.attrs["axis"], ln.op.attrs["epsilon"]), [ln.inputs[0]], ln.origin)
+            norm = module.make(type(ln.op)(ln.op.attrs["axis"], ln.op.attrs["epsilon"]), [ln.inputs[0]], ln.origin)
             module.insert_before(ln, norm)
             for views, product in paths:  # type: ignore[misc]
                 self._rewrite(module, product, views, norm, *affine)

@@ -18,7 +18,7 @@ own that writes a tensor the anchor then reads back. The rule, per producer P of
   (a view such as a nearest resize, or a program input or constant): the kernel selects between
   the parts by the index range (`Select`). A concat of kernel outputs only stays: its parts
   are written in place into one buffer already, at no cost, and a select would only add masks.
-* P is a layernorm over the last axis that only products read, each along that axis (their
+* P is a layernorm (or an RMS norm) over the last axis that only products read, each along that axis (their
   K): the kernel computes the row statistics and normalizes (`templates/gemm_prologue.py`:
   in the k loop and after the product, or in a loop of their own before it).
 * Reductions (other than that layernorm), anchors and data movement are never computed inside.

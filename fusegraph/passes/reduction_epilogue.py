@@ -97,7 +97,7 @@ def segment_layernorm(anchor: Instruction, ins: Instruction, pieces: list[Piece]
     if length is None:
         return None
     affine = [b.gather(x, p.map) for x in ins.inputs[1:]]
-    op = SegmentLayerNorm(anchor.op.channel_axis(anchor.shape.ndim), length, ins.op.attrs["epsilon"])
+    op = SegmentLayerNorm(anchor.op.channel_axis(anchor.shape.ndim), length, ins.op.attrs["epsilon"], ins.op.center)
     return [Piece(p.map, (), b.add(op, [p.value, *affine], ins.origin))]
 
 

@@ -187,9 +187,10 @@ def test_a_layernorm_over_a_convolutions_channels_is_its_epilogue(fp16, pre_norm
 
 
 @pytest.mark.parametrize("fp16", [False, True])
-def test_a_post_norm_after_a_residual_is_the_products_epilogue(fp16):
+@pytest.mark.parametrize("rms", [False, True])
+def test_a_post_norm_after_a_residual_is_the_products_epilogue(fp16, rms):
     from tests.passes.test_segment_layernorm import residual_norm_model
 
-    c = check_gpu(residual_norm_model(96), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
-    assert [k.src.kernel_name for k in c.kernels] == ["dot_add_layernorm"]
+    c = check_gpu(residual_norm_model(96, rms=rms), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    assert [k.src.kernel_name for k in c.kernels] == ["dot_add_rmsnorm" if rms else "dot_add_layernorm"]
     assert {cfg["BN"] for cfg in c.kernels[0].src.configs} == {128}

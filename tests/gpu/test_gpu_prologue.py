@@ -135,3 +135,31 @@ def test_layernorm_normalized_after_the_product(fp16):
         compiled.poison()
         got = compiled.run({"x": x})["y"]
         assert rel_err(got, api.run(program, {"x": x})["y"]) < (FP16_TOL if fp16 else 1e-4), config
+
+
+def rms_model(rows: int, width: int, shift: float = 0.0, opset: int = 23):
+    """RMSNormalization (opset 23) of x + shift, then a product: a decoder's norm before its QKV."""
+    return make_model([node("Add", ["x", "shift"], ["xs"]), node("RMSNormalization", ["xs", "g"], ["t"], axis=-1, epsilon=1e-6),
+                       node("MatMul", ["t", "w"], ["y"])], {"x": [1, rows, width]}, ["y"],
+                      {"shift": np.full(width, shift, np.float32), "g": rand(width, seed=1),
+                       "w": rand(width, 40, seed=3, scale=0.2)}, opset=opset)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_rms_norm_then_matmul_is_one_kernel_under_split_and_unsplit_configs(fp16):
+    """An RMS norm's rows keep their mean (here 3, beside a spread of 1, so that centring
+    them would show): normalized after the product without split-k, before it with split-k."""
+    program = parse_onnx(rms_model(37, 520, shift=3.0))
+    compiled = api.compile(program, "gpu", tune=False, fp16=fp16)
+    (k,) = compiled.kernels
+    assert k.src.kernel_name == "add_rmsnorm_dot" and "ln_wsum" in k.src.source
+    unsplit = [c for c in k.src.configs if c["SPLIT"] == 1]
+    split = [c for c in k.src.configs if c["SPLIT"] > 1]
+    assert unsplit and split
+    rng = np.random.default_rng(13)
+    for config in unsplit[:2] + split[:1]:
+        k.config = config
+        x = rng.standard_normal((1, 37, 520)).astype(np.float32)
+        compiled.poison()
+        got = compiled.run({"x": x})["y"]
+        assert rel_err(got, api.run(program, {"x": x})["y"]) < (FP16_TOL if fp16 else 1e-4), config

@@ -216,15 +216,14 @@ def test_layernorm_whose_rows_a_transpose_breaks_keeps_its_kernel():
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 
-def test_rms_norm_scales_rows_inside_the_product_after_a_statistics_kernel():
-    """RMSNormalization arrives as ops (mean of squares, sqrt, div, scale): the row statistic is
-    a reduction kernel, and the division and scale that produce the normalized rows are the
-    product's prologue, so the normalized tensor is never written."""
+def test_rms_norm_is_computed_inside_the_product():
+    """RMSNormalization arrives as one rmsnorm op, a layernorm that does not center: its
+    scale folds into the weights and the product computes the rows' mean square itself, so
+    there is one kernel and the normalized tensor is never written."""
     model = make_model([node("RMSNormalization", ["x", "g"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"])],
                        {"x": [6, 32]}, ["y"], {"g": rand(32, seed=1), "w": rand(32, 8, seed=3)}, opset=23)
     before, after = parse_onnx(model), parse_onnx(model)
     fuse(after)
-    stats, product = _fused(after)
-    assert "reduce_mean" in _sub_ops(stats)
-    assert _sub_ops(product)[-2:] == ["mul", "dot"] and "div" in _sub_ops(product)
+    (product,) = _fused(after)
+    assert product.op.attrs["kernel"] == "rmsnorm_dot" and _sub_ops(product)[-2:] == ["rmsnorm", "dot"]
     assert_same_results(before, after, tolerance=TOLERANCE)

@@ -37,13 +37,17 @@ def stem_model(channels: int = 24, also_pre_norm: bool = False, affine: bool = T
     return make_model(nodes, {"x": [1, 16, 10, 12]}, ["y", "n"] + (["c"] if also_pre_norm else []), inits)
 
 
-def residual_norm_model(n: int = 96, rows: int = 12, axis: int = -1):
-    """A product + bias + residual, then a layernorm over its n output features (post-norm)."""
-    nodes = [node("MatMul", ["x", "w"], ["g"]), node("Add", ["g", "b"], ["a"]), node("Add", ["a", "r"], ["s"]),
-             node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=axis)]
+def residual_norm_model(n: int = 96, rows: int = 12, axis: int = -1, rms: bool = False):
+    """A product + bias + residual, then a layernorm (an RMS norm, opset 23) over its n output
+    features (post-norm)."""
+    norm = (node("RMSNormalization", ["s", "gamma"], ["y"], axis=axis) if rms else
+            node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=axis))
+    nodes = [node("MatMul", ["x", "w"], ["g"]), node("Add", ["g", "b"], ["a"]), node("Add", ["a", "r"], ["s"]), norm]
     inits = {"w": rand(32, n, seed=1), "b": rand(n, seed=2), "gamma": rand(*([n] if axis == -1 else [rows, n]), seed=3),
              "beta": rand(*([n] if axis == -1 else [rows, n]), seed=4)}
-    return make_model(nodes, {"x": [1, rows, 32], "r": [1, rows, n]}, ["y"], inits)
+    if rms:
+        del inits["beta"]
+    return make_model(nodes, {"x": [1, rows, 32], "r": [1, rows, n]}, ["y"], inits, opset=23 if rms else 17)
 
 
 def fused_kernels(model) -> tuple[list[str], object, object]:
@@ -58,7 +62,7 @@ def test_the_stem_norm_joins_its_convolution():
     (group,) = [ins for ins in after.main if is_fused(ins) and ins.op.attrs["kernel"] == "conv_add_transpose_layernorm"]
     sub = [ins.op for ins in group.op.module]
     norms = [op for op in sub if isinstance(op, SegmentLayerNorm)]
-    assert len(norms) == 1 and norms[0].attrs == {"axis": 1, "length": 24, "epsilon": pytest.approx(1e-6)}
+    assert len(norms) == 1 and norms[0].attrs == {"axis": 1, "length": 24, "epsilon": pytest.approx(1e-6), "center": True}
     assert not any(isinstance(op, LayerNorm) for op in sub)
     assert_same_results(before, after, tolerance=TOLERANCE)
 
@@ -71,9 +75,13 @@ def test_a_norm_without_affine_and_a_pre_norm_value_read_elsewhere():
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 
-def test_a_post_norm_over_a_padded_row_joins_the_product():
-    names, before, after = fused_kernels(residual_norm_model(96))
-    assert names == ["dot_add_layernorm"]
+@pytest.mark.parametrize("rms", [False, True])
+def test_a_post_norm_over_a_padded_row_joins_the_product(rms):
+    names, before, after = fused_kernels(residual_norm_model(96, rms=rms))
+    assert names == ["dot_add_rmsnorm" if rms else "dot_add_layernorm"]
+    (group,) = [ins for ins in after.main if is_fused(ins)]
+    (norm,) = [ins.op for ins in group.op.module if isinstance(ins.op, SegmentLayerNorm)]
+    assert norm.attrs["center"] is not rms
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 

@@ -446,16 +446,14 @@ def parse_mvn(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
 
 @onnx_op("RMSNormalization")
 def parse_rms_norm(ctx: ImportContext, ins: list[Instruction | None]) -> Instruction:
-    """x / sqrt(mean(x^2) + epsilon) over the axes from `axis` on, in float32, times scale."""
+    """x / sqrt(mean(x^2) + epsilon) over the axes from `axis` on, times scale: one rmsnorm op
+    (its statistics in float32, as the default stash type asks), which fuses as a layernorm."""
     x, scale = ins[0], ins[1]
     assert x is not None and scale is not None
-    axes = list(range(ctx.axis(ctx.attr("axis", -1), x.shape.ndim), x.shape.ndim))
-    xs = ctx.convert(x, _stash_type(ctx))
-    mean_sq = ctx.add(make_op("reduce_mean", axes=axes), [ctx.add(make_op("mul"), [xs, xs])])
-    eps = ctx.literal(np.array(ctx.attr("epsilon", 1e-5), np.float32))
-    rms = ctx.add(make_op("sqrt"), [binary(ctx, "add", mean_sq, eps)])
-    y = ctx.convert(binary(ctx, "div", xs, rms), scale.shape.dtype)
-    return binary(ctx, "mul", y, scale)
+    axis = ctx.axis(ctx.attr("axis", -1), x.shape.ndim)
+    bias = ctx.literal(np.zeros((), x.shape.dtype.numpy))
+    xb, scale, bias = ctx.broadcast(x, ctx.convert(scale, x.shape.dtype), bias)
+    return ctx.add(reduce.RMSNorm(axis, ctx.attr("epsilon", 1e-5)), [xb, scale, bias])
 
 
 @onnx_op("LpNormalization")

@@ -106,7 +106,8 @@ class RowStatistics:
         with self.w.block("if SPLIT == 1:"):
             self._rstd()
             # every row of the sums of ones is W's column sums: the max picks one, exactly
-            self.w.emit(f"{acc} = ({acc} - (ln0_mean - ln0_shift)[:, None] * tl.max(ln_wsum, 0)[None, :]) * ln0_rstd[:, None]")
+            offset = "(ln0_mean - ln0_shift)" if self.norms[0].op.center else "(-ln0_shift)"  # an RMS norm's rows keep their mean
+            self.w.emit(f"{acc} = ({acc} - {offset}[:, None] * tl.max(ln_wsum, 0)[None, :]) * ln0_rstd[:, None]")
 
     def _chunk(self, start: str) -> None:
         w = self.w
@@ -114,9 +115,16 @@ class RowStatistics:
         w.emit(f"ln_seen = {start} * 1.0")
         w.emit("ln_count = tl.sum(ln_in_row.to(tl.float32))")
 
+    @staticmethod
+    def _centered(ln: Instruction, x: str, mean: str) -> str:
+        """`x` less its row's mean; as it is for an RMS norm."""
+        return f"({x} - {mean}[:, None])" if ln.op.center else f"({x})"
+
     def _rstd(self) -> None:
         for j, ln in enumerate(self.norms):
-            self.w.emit(f"ln{j}_rstd = 1.0 / tl.sqrt(ln{j}_m2 / {self.k}.0 + {ln.op.attrs['epsilon']})")
+            # the mean square of an RMS norm's rows: their variance plus their squared mean
+            square = "" if ln.op.center else f" + ln{j}_mean * ln{j}_mean"
+            self.w.emit(f"ln{j}_rstd = 1.0 / tl.sqrt(ln{j}_m2 / {self.k}.0{square} + {ln.op.attrs['epsilon']})")
 
     def _combine(self, name: str, x: str) -> str:
         """Fold one chunk of rows `x` into the running mean and squared deviations `name`;
@@ -137,7 +145,7 @@ class RowStatistics:
             mean, rstd = self.names[id(ln)]
             x = self.w.value(ln.inputs[0], tile, index)
             if not self.deferred:
-                return self.w.let(f"({x} - {mean}[:, None]) * {rstd}[:, None]")
+                return self.w.let(f"{self._centered(ln, x, mean)} * {rstd}[:, None]")
             name = self.w.fresh("lna")
             with self.w.block("if SPLIT == 1:"):  # the rows less their first chunk's mean, folded into their statistics
                 self._chunk("k0")
@@ -145,7 +153,7 @@ class RowStatistics:
                 self.w.emit(f"ln0_shift = tl.where(ln_seen == 0, {chunk_mean}, ln0_shift)")
                 self.w.emit(f"{name} = {x} - ln0_shift[:, None]")
             with self.w.block("else:"):
-                self.w.emit(f"{name} = ({x} - {mean}[:, None]) * {rstd}[:, None]")
+                self.w.emit(f"{name} = {self._centered(ln, x, mean)} * {rstd}[:, None]")
             return name
 
         return value

@@ -69,15 +69,18 @@ def emit_segment_reduce(w: KernelWriter, ins: Instruction, tile: Tile, index: In
 
 def emit_segment_layernorm(w: KernelWriter, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...],
                            width: str) -> str:
-    """The layernorm of `ins`'s input over each row of the [BM, width] tile (one run): mean and
-    variance in float32 over the valid columns (two passes over the row held in registers, no
+    """The layernorm (or RMS norm) of `ins`'s input over each row of the [BM, width] tile (one
+    run): mean and variance (the mean square) in float32 over the valid columns (two passes over the row held in registers, no
     `E[x^2] - E[x]^2` cancellation), then the affine when scale and bias are inputs."""
     a = ins.op.attrs
     x = w.let(f"tl.broadcast_to({w.value(ins.inputs[0], tile, index, mask)}, [BM, {width}]).to(tl.float32)")
     cols = tile.bounds.get("rn")
     valid = w.let(f"tl.where({cols}, {x}, 0.0)") if cols else x
-    mean = w.let(f"(tl.sum({valid}, 1) / {a['length']}.0)[:, None]")
-    dev = w.let(f"tl.where({cols}, {x} - {mean}, 0.0)" if cols else f"{x} - {mean}")
+    if a["center"]:
+        mean = w.let(f"(tl.sum({valid}, 1) / {a['length']}.0)[:, None]")
+        dev = w.let(f"tl.where({cols}, {x} - {mean}, 0.0)" if cols else f"{x} - {mean}")
+    else:  # an RMS norm: the rows as they are
+        dev = valid
     rstd = w.let(f"(1.0 / tl.sqrt(tl.sum({dev} * {dev}, 1) / {a['length']}.0 + {a['epsilon']}))[:, None]")
     y = w.let(f"{dev} * {rstd}")
     if len(ins.inputs) == 3:

@@ -161,7 +161,7 @@ def _softmax(r: Rows) -> None:
 @algorithm("layernorm", full_output=True)
 def _layernorm(r: Rows) -> None:
     w, n = r.w, f"{r.length}.0"
-    mean = w.let(binary_rhs("div", r.fold("add", "0.0"), n))
+    mean = w.let(binary_rhs("div", r.fold("add", "0.0"), n)) if r.anchor.op.center else w.let(f"tl.zeros([BO], dtype=tl.float32)")
     squares = r.fold("add", "0.0", lambda v: f"({v} - {mean}[:, None]) * ({v} - {mean}[:, None])")
     rstd = w.let(f"1.0 / tl.sqrt({squares} / {n} + {r.anchor.op.attrs['epsilon']})")
     with r.chunk() as (tile, _):
