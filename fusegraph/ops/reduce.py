@@ -259,6 +259,7 @@ class LayerNorm(Op):
     kind = OpKind.REDUCE
     family = "reduction"
     algorithm = "layernorm"
+    elementwise_inputs = (1, 2)  # scale and bias
 
     def __init__(self, axis: int, epsilon: float = 1e-5) -> None:
         super().__init__(axis=int(axis), epsilon=float(epsilon))
