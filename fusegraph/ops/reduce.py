@@ -300,6 +300,7 @@ class LayerNorm(Op):
     family = "reduction"
     algorithm = "layernorm"
     center: ClassVar[bool] = True  # subtract the mean (an RMS norm does not)
+    elementwise_inputs = (1, 2)  # scale and bias
 
     def __init__(self, axis: int, epsilon: float = 1e-5) -> None:
         super().__init__(axis=int(axis), epsilon=float(epsilon))

@@ -3,8 +3,10 @@
 An exported detection head may multiply by an anchor grid, a [1, 3, H, W, 2] tensor that only
 varies with the anchor and the coordinate: stored whole, the fused head kernel loads it per
 output element; as a [1, 3, 1, 1, 2] literal behind a broadcast, the load's index ignores the
-pixel and the kernel reads a vector per tile. Runs after the last constant propagation, which
-would fold a small broadcast of a literal back into a full one.
+pixel and the kernel reads a vector per tile. A layernorm's scale and bias, which the importer
+broadcast to the input's lens (folded into a full literal when small), become their [K] rows
+again the same way. Runs after the last constant propagation, which would fold a small
+broadcast of a literal back into a full one.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ class CompactLiterals:
     def _compact(module: Module, ins: Instruction, users: dict[Instruction, list[Instruction]]) -> bool:
         if not is_literal(ins) or ins.shape.elements < 2 or not users.get(ins):
             return False
-        # only pointwise readers: a weight or an index operand keeps its own layout
-        if any(u.op.kind != OpKind.POINTWISE for u in users[ins]):
+        # only readers that take it element by element (pointwise ops, a layernorm's scale and
+        # bias): a weight or an index operand keeps its own layout
+        if not all(_elementwise(u, ins) for u in users[ins]):
             return False
         value = ins.op.value  # type: ignore[attr-defined]
         axes = repeated_axes(value)
@@ -46,3 +49,10 @@ class CompactLiterals:
         module.insert_before(ins, lit)
         module.replace(ins, module.make(MultiBroadcast(value.shape), [lit], ins.origin))
         return True
+
+
+def _elementwise(reader: Instruction, ins: Instruction) -> bool:
+    """Whether `reader` reads `ins` element by element at its own output index."""
+    if reader.op.kind == OpKind.POINTWISE:
+        return True
+    return all(k in reader.op.elementwise_inputs for k, x in enumerate(reader.inputs) if x is ins)

@@ -13,6 +13,7 @@ group's output is stored through those maps, so the kernel writes the final layo
 A product's A operand is read through views and also computes the producers that
 `prologue_rule.py` accepts (pointwise ops, a concat as a select, a layernorm over K), so its
 kernel reads their inputs instead of a tensor written for it; the weights are read as they are.
+A layernorm that other readers need is stored by the kernel as a further output too.
 
 The same machinery serves reductions and data movement ops (`FuseReductions`,
 `FuseMovement`): their prologue reads through views and recomputes pointwise producers.
@@ -28,7 +29,7 @@ from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
-from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place
+from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place, reads_its_stores
 from fusegraph.passes.prologue_rule import PrologueRule
 from fusegraph.passes.reduction_epilogue import pixel_reduction, segment_fold, segment_layernorm, segment_softmax
 from fusegraph.passes.rewrite import rewrite_each
@@ -294,6 +295,17 @@ class FuseAnchors:
 
     def fuse(self, module: Module, anchor: Instruction) -> Instruction:
         rule = self.prologue(module, anchor)
+        fused, g, extras = self._build(module, anchor, rule)
+        stored = rule.stored if isinstance(rule, PrologueRule) else []
+        if reads_its_stores(module, fused.inputs, stored):  # built again, its prologue storing nothing
+            fused, g, extras = self._build(module, anchor, PrologueRule(module, anchor, may_store=False))
+        place(module, fused, g.out, g.members, [m for m, _ in extras])
+        return fused
+
+    def _build(self, module: Module, anchor: Instruction, rule: Callable[[Instruction, IndexMap], bool]
+               ) -> tuple[Instruction, Grown, list[tuple[Instruction, list[Piece]]]]:
+        """The group's (unplaced) fused instruction, its growth and its further outputs: the
+        epilogue's, then the values its prologue stores for other readers (`PrologueRule.stored`)."""
         b = GroupBuilder(group_name(module), rule)
         operands = []
         for k, x in enumerate(anchor.inputs):
@@ -304,9 +316,9 @@ class FuseAnchors:
         b.inline = _never
         value = b.add(anchor.op, operands, anchor.origin)
         g = _Epilogue(module, anchor, b).grow(value)
-        fused = b.finish(g.out, g.pieces, kernel_name(b.inlined + g.members), g.extras)
-        place(module, fused, g.out, g.members, [m for m, _ in g.extras])
-        return fused
+        stored = rule.read_outside(rule.stored, g.members) if isinstance(rule, PrologueRule) else []
+        extras = g.extras + [(x, [b.computed[id(x)]]) for x in stored]
+        return b.finish(g.out, g.pieces, kernel_name(b.inlined + g.members), extras), g, extras
 
 
 class FuseReductions(FuseAnchors):

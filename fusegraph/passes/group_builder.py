@@ -45,6 +45,9 @@ class GroupBuilder:
         self._gathers: dict[tuple, Instruction] = {}
         self.inline = inline
         self.inlined: list[Instruction] = []  # recomputed here; removed by DCE once unread
+        # each inlined layernorm where it is first computed: the map from its index to the
+        # layernorm's and its value, which a store of it for other readers writes
+        self.computed: dict[int, Piece] = {}
 
     def param(self, outside: Instruction) -> Instruction:
         key = id(outside)
@@ -83,7 +86,8 @@ class GroupBuilder:
         elif src.op.algorithm == "layernorm" and self.inline(src, cur):
             # the rows keep their last axis whole (the rule checked): normalize over it here
             value = self.add(type(src.op)(cur.out_rank - 1, src.op.attrs["epsilon"]),
-                             [self.gather(src.inputs[0], cur, domain)], src.origin)
+                             [self.gather(x, cur, domain) for x in src.inputs], src.origin)
+            self.computed.setdefault(id(src), Piece(cur, domain, value))
             self.inlined.append(src)
         else:
             lkey = (id(src), cur, domain)
@@ -170,6 +174,27 @@ def place(module: Module, fused: Instruction, output: Instruction, members: Sequ
     module.instructions = [i for i in module.instructions if id(i) not in gone or i is fused]
     if extras:
         module.sort()
+
+
+def reads_its_stores(module: Module, inputs: Sequence[Instruction], stored: Sequence[Instruction]) -> bool:
+    """Whether a group reading `inputs` would read one of the values `stored` that it writes
+    for other readers (values it computes from its inputs, not from its anchor: a prologue's
+    layernorm), or a value computed from one: placed, the group would wait for itself."""
+    if not stored:
+        return False
+    pos = {id(i): k for k, i in enumerate(module.instructions)}
+    targets = {id(x) for x in stored}
+    first = min(pos[id(x)] for x in stored)
+    stack, seen = list(inputs), set()
+    while stack:
+        x = stack.pop()
+        if id(x) in targets:
+            return True
+        if id(x) in seen or pos.get(id(x), -1) <= first:
+            continue
+        seen.add(id(x))
+        stack.extend(x.inputs)
+    return False
 
 
 def group_name(module: Module) -> str:

@@ -18,9 +18,20 @@ own that writes a tensor the anchor then reads back. The rule, per producer P of
   (a view such as a nearest resize, or a program input or constant): the kernel selects between
   the parts by the index range (`Select`). A concat of kernel outputs only stays: its parts
   are written in place into one buffer already, at no cost, and a select would only add masks.
-* P is a layernorm (or an RMS norm) over the last axis that only products read, each along that axis (their
-  K): the kernel computes the row statistics and normalizes (`templates/gemm_prologue.py`:
-  in the k loop and after the product, or in a loop of their own before it).
+* P is a layernorm (or an RMS norm) over the last axis (of one input, its affine folded into the weights by
+  `fold_norm_affine`, or of three: x and gamma, beta broadcast to it), read by this product
+  along that axis (its K) with each row whole: the kernel computes the row statistics and
+  normalizes, the affine applied (`templates/gemm_prologue.py`: in the k loop and after the
+  product, or in a loop of their own before it). When every other reader is a product reading its rows
+  the same way, each computes it and nothing stores it. Otherwise (a residual add reads it,
+  as in BERT's post-norm layers, or it is returned) the first product in program order that
+  reads it as A through a bijective map (`FuseAnchors` visits anchors in that order) computes
+  it and also stores it, whole, as a further output of its group (`stored`): its other
+  readers, other products included, read that tensor, and the layernorm's own kernel goes
+  away. The store is refused where a concat reads it (a further output would be copied into
+  the concat's buffer, while the layernorm's kernel writes there in place), and `FuseAnchors`
+  builds the group again without it when the group would read a value computed from what it
+  stores (a cycle once placed: a weight or an epilogue side input computed from it).
 * Reductions (other than that layernorm), anchors and data movement are never computed inside.
 
 Only product anchors (family `gemm`) take computed prologues, and only on A: the weights stay
@@ -72,12 +83,14 @@ class PrologueRule:
     """The rule above for one anchor of `module`: `__call__` is `GroupBuilder`'s `inline`
     predicate while the anchor's A operand is gathered; `inside` grows with what it accepts."""
 
-    def __init__(self, module: Module, anchor: Instruction) -> None:
+    def __init__(self, module: Module, anchor: Instruction, may_store: bool = True) -> None:
         self.anchor = anchor
         self.users = module.users()
         self.returned = {id(r) for r in module.returns}
         self.inside: set[int] = {id(anchor)}
         self.reads = reads_per_element(anchor) if anchor.op.family == "gemm" else 0
+        self.may_store = may_store
+        self.stored: list[Instruction] = []  # layernorms the kernel computes and also stores for other readers
 
     def __call__(self, ins: Instruction, at: IndexMap | None = None) -> bool:
         if self.anchor.op.family != "gemm":
@@ -96,13 +109,29 @@ class PrologueRule:
 
     def readers(self, ins: Instruction) -> list[Instruction] | None:
         """The non-view readers of `ins` through views; None when it or a view of it is returned."""
-        out, stack = [], [ins]
+        out, returned = self._readers(ins)
+        return None if returned else out
+
+    def _readers(self, ins: Instruction) -> tuple[list[Instruction], bool]:
+        """The non-view readers of `ins` through views, and whether it or a view of it is returned."""
+        out, stack, returned = [], [ins], False
         while stack:
             x = stack.pop()
-            if id(x) in self.returned:
-                return None
+            returned = returned or id(x) in self.returned
             for u in self.users.get(x, []):
                 (stack if view_input_map(u) is not None else out).append(u)
+        return out, returned
+
+    def read_outside(self, values: list[Instruction], members: list[Instruction]) -> list[Instruction]:
+        """Those of `values` that are returned or read (through views) by something neither
+        computed in the prologue nor one of the epilogue's `members`: what the group must
+        store. An epilogue member reading one at the anchor's index reads the computed value."""
+        group = self.inside | {id(m) for m in members}
+        out = []
+        for x in values:
+            readers, returned = self._readers(x)
+            if returned or any(id(u) not in group for u in readers):
+                out.append(x)
         return out
 
     def only_inside(self, ins: Instruction) -> bool:
@@ -119,16 +148,24 @@ class PrologueRule:
                    for u in readers)
 
     def normalizes_k(self, ln: Instruction, at: IndexMap) -> bool:
-        """A layernorm of one input (its affine folded away) over its last axis, read by this
-        product's A at rows that keep that axis whole (`at` sends the last index to the last),
-        and otherwise only by matrix products reading it as A: each computes the statistics."""
+        """A layernorm over its last axis, read by this product's A at rows that keep that
+        axis whole (`at` sends the last index to the last). Computed without a store when its
+        other readers are matrix products reading it as A (each computes the statistics);
+        else also stored, where `at` reaches each element once and no concat reads it."""
         rank = ln.shape.ndim
-        if len(ln.inputs) != 1 or ln.op.attrs["axis"] != rank - 1 or not self.anchor.op.k_is_last_axis:
+        if ln.op.attrs["axis"] != rank - 1 or not self.anchor.op.k_is_last_axis:
             return False
         if not keeps_last_axis(at, ln.shape.lens[-1]):
             return False
-        readers = self.readers(ln)
-        return readers is not None and all(u is self.anchor or reads_rows(u, ln) for u in readers)
+        readers, returned = self._readers(ln)
+        if not returned and all(id(u) in self.inside or reads_rows(u, ln) for u in readers):
+            return True
+        if any(x is ln for x in self.stored):
+            return True  # read again at another map: computed again, stored once
+        if not self.may_store or at.inverse() is None or any(u.op.concatenates for u in readers):
+            return False
+        self.stored.append(ln)
+        return True
 
 
 def keeps_last_axis(at: IndexMap, k: int) -> bool:

@@ -64,3 +64,22 @@ def test_weights_keep_their_layout_even_when_they_repeat():
     program = parse_onnx(model)
     assert not CompactLiterals().apply(program.main)
     assert [i.shape.lens for i in literals(program)] == [(4, 2, 3, 3)]
+
+
+def test_layernorm_scale_and_bias_become_rows_again():
+    """The importer broadcasts a layernorm's [K] scale and bias to the input's lens and folds
+    a small broadcast into a full [M, K] literal: the layernorm reads them element by element,
+    so they compact back to one row behind a broadcast."""
+    gamma, beta = rand(12, seed=1), rand(12, seed=2)
+    model = make_model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)], {"x": [5, 12]}, ["y"],
+                       {"g": gamma, "b": beta})
+    program = parse_onnx(model)
+    assert [i.shape.lens for i in literals(program)] == [(5, 12), (5, 12)]
+    plain = parse_onnx(model)
+    assert CompactLiterals().apply(program.main)
+    rows = literals(program)
+    assert [r.shape.lens for r in rows] == [(1, 12), (1, 12)]
+    np.testing.assert_array_equal(rows[0].op.value[0], gamma)
+    np.testing.assert_array_equal(rows[1].op.value[0], beta)
+    inputs = random_inputs(plain.input_shapes, seed=3)
+    assert rel_err(api.run(program, inputs)["y"], api.run(plain, inputs)["y"]) == 0.0

@@ -178,14 +178,20 @@ def test_layernorm_before_gemm_with_bias_gives_one_bias_add():
     assert_same_results(before, after, tolerance=NORM_TOLERANCE)
 
 
-def test_layernorm_with_another_kind_of_reader_keeps_its_kernel():
+def test_layernorm_with_another_kind_of_reader_is_computed_by_the_product_and_stored():
+    """The relu needs the normalized tensor: the product computes it (affine included, its
+    weights left as they are) and stores it as a further output, which the relu reads; the
+    layernorm has no kernel of its own (tests/passes/test_prologue_layernorm_store.py)."""
     model = make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"]),
                         node("Relu", ["t"], ["z"])], {"x": [6, 32]}, ["y", "z"],
                        {"g": rand(32, seed=1), "b": rand(32, seed=2), "w": rand(32, 8, seed=3)})
     before, after = parse_onnx(model), parse_onnx(model)
     fuse(after)
-    kernels = [f.op.attrs["kernel"] for f in _fused(after)]
-    assert kernels[0].startswith("layernorm") and "dot" in kernels[1] and "layernorm" not in kernels[1]
+    product, relu = _fused(after)
+    assert [product.op.attrs["kernel"], relu.op.attrs["kernel"]] == ["layernorm_dot", "relu"]
+    (ln,) = [i for i in product.op.module if i.op.name == "layernorm"]
+    assert len(ln.inputs) == 3 and len(product.op.module.returns) == 2
+    assert relu.inputs[0].op.name == "fused_output" and relu.inputs[0].inputs == [product]
     assert_same_results(before, after, tolerance=TOLERANCE)
 
 

@@ -17,7 +17,8 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
-from fusegraph.targets.gpu.templates.gemm_prologue import RowStatistics, deferrable, prologue_norms, selected_loads
+from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, deferrable, emit_row_stores, prologue_norms, row_stores,
+                                                             selected_loads)
 from fusegraph.targets.gpu.templates.gemm_reduce import SEGMENT_EMITTERS, PixelSums, emit_pixel_sums, pixel_sum_returns
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
@@ -85,6 +86,7 @@ class GemmEmitter:
         self.norms = prologue_norms(module, anchor)
         # normalizing after the product: not for float64's summed products nor tf32's rounded rows
         self.defer_norm = deferrable(module, anchor, self.norms) and not allow_tf32 and dtype != DType.float64
+        self.row_stores = row_stores(module, anchor)  # stored in the k loop, at the A index
         self.m_bound = f"(rm[:, None] < {spec.m})"
         self.acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
         self.operand = TRITON_TYPES[dtype]
@@ -188,6 +190,7 @@ class GemmEmitter:
         ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": self.m_bound, "rk": k_bound})
         conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
         av = w.value(self.a_in, ta, spec.a_index, tuple(conds))
+        emit_row_stores(w, self.row_stores, ta, spec.a_index)
         if conds and not self.a_plain:  # a computed prologue is zero in the padding too
             av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
         if not spec.taps and not self.a_masked:  # lanes past k must add nothing, also where A's index ignores k
@@ -207,7 +210,7 @@ class GemmEmitter:
             self.acc_of[id(te)] = b.acc
             self.width_of[id(te)] = b.width
             for ret in self.module.returns:  # the group's value, then its further outputs
-                if ret not in self.sums:
+                if ret not in self.sums and ret not in self.row_stores:
                     self.w.store(ret, te, self.spec.out_index, ("last",))
             for ret in self.sums:
                 emit_pixel_sums(self.w, ret, te, self.spec.out_index, self.pixel_sums, self.sum_codes)

@@ -1,12 +1,22 @@
-"""The computed side of a GEMM's A operand: which loads stay raw, and row statistics.
+"""The computed side of a GEMM's A operand: which loads stay raw, row statistics, row stores.
 
 A product's A operand may be computed by its prologue (`passes/prologue_rule.py`): pointwise
 ops and selects between concat parts are plain kernel-writer values, read in the k loop. A
 layernorm in the prologue needs its rows' mean and variance in float32, by Chan's combination
 of per-chunk means and squared deviations (exact two-pass sums within a chunk, no
 `E[x^2] - E[x]^2` cancellation): taken in the k loop itself with the normalization after the
-product, or in a loop over the row's K before it (`RowStatistics` says when which). The
-affine is not here: `fold_norm_affine` moved it into the weights.
+product, or in a loop over the row's K before it (`RowStatistics` says when which; a
+layernorm of another's rows gets a loop after that one's). The k loop then normalizes the A
+tile as it loads it, times gamma plus beta when the layernorm still has its affine (read as
+the [K] vectors behind their broadcasts, one [1, BK] load per chunk; `fold_norm_affine` has
+moved a constant affine into the weights wherever only products read the layernorm).
+
+When other readers need the normalized rows, the group also stores them (a further output
+whose value is computed from the inputs, not from the product: `row_stores`). The k loop's
+normalized A tile is that value at the A index, so the programs of the first column block
+(`pid_n == 0`) store it as they load it: with split-k each program walks its own k chunks
+and the splits together cover K, so every element is written exactly once, in the output's
+type, with no second pass over the rows.
 """
 
 from __future__ import annotations
@@ -34,17 +44,46 @@ def prologue_norms(module: Module, anchor: Instruction) -> list[Instruction]:
     return [ins for ins in module if ins is not anchor and ins.op.algorithm == "layernorm"]
 
 
+def row_stores(module: Module, anchor: Instruction) -> list[Instruction]:
+    """The group's stored values that its prologue computes: stores (and chains of them)
+    whose values do not depend on the product, so they live at the A index."""
+    return [r for r in module.returns[1:] if not _reaches(r, anchor)]
+
+
+def _reaches(ins: Instruction, target: Instruction) -> bool:
+    """Whether `ins` is `target` or computed from it."""
+    stack, seen = [ins], set()
+    while stack:
+        x = stack.pop()
+        if x is target:
+            return True
+        if id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(x.inputs)
+    return False
+
+
+def emit_row_stores(w: KernelWriter, stores: list[Instruction], tile: Tile, index: Index) -> None:
+    """Inside the k loop, after the A tile: the first column block's programs store the
+    prologue's values at the chunk's rows and columns (masked by the tile's bounds)."""
+    if not stores:
+        return
+    with w.block("if pid_n == 0:"):
+        for ret in stores:
+            w.store(ret, tile, index)
+
+
 def deferrable(module: Module, anchor: Instruction, norms: list[Instruction]) -> bool:
     """Whether the product may normalize after the k loop (`RowStatistics`, deferred): its A is
-    the one prologue layernorm itself, read by nothing else in the group, and its B a plain
-    load (the weights, whose column sums the kernel takes with the same tiles)."""
-    if len(norms) != 1 or anchor.inputs[0] is not norms[0] or not is_load(anchor.inputs[1]):
+    the one prologue layernorm itself, without an affine and read by nothing else in the group
+    (a stored norm is stored as the k loop normalizes it), and its B a plain load (the weights, whose column sums the kernel takes with the same tiles)."""
+    if len(norms) != 1 or anchor.inputs[0] is not norms[0] or len(norms[0].inputs) != 1 or not is_load(anchor.inputs[1]):
         return False
     return all(u is anchor for u in module.users().get(norms[0], []))
 
 
 class RowStatistics:
-    """Emits the statistics of each prologue layernorm and gives its normalized value.
+    """Emits the statistics of the prologue's layernorms and gives their normalized values.
 
     Normalizing the A tile as it loads needs each row's statistics before the first product:
     a loop of their own over the row's K chunks, K/BK dependent loads before the k loop starts
@@ -69,12 +108,13 @@ class RowStatistics:
             w.anchor_values[id(ln)] = self._normalized(ln)
 
     def emit(self, m_bound: str) -> None:
-        """Before the k loop: mean and 1/std of the tile's rows, for every prologue layernorm
-        (deferred: only when SPLIT > 1, the rows' running statistics start empty otherwise)."""
+        """Before the k loop: mean and 1/std of the tile's rows, for every prologue layernorm;
+        one loop over K for the norms of independent inputs, a later one for a norm of
+        another's value (it needs that one's statistics to read its input). Deferred: only
+        when SPLIT > 1; the rows' running statistics start empty otherwise."""
         if not self.norms:
             return
         w, k = self.w, self.k
-        tile = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"}, {"rm": m_bound, "rk": f"(rk[None, :] < {k})"})
         for j, _ in enumerate(self.norms):
             w.emit(f"ln{j}_mean = tl.zeros([BM], dtype=tl.float32)")
             w.emit(f"ln{j}_m2 = tl.zeros([BM], dtype=tl.float32)")
@@ -83,15 +123,37 @@ class RowStatistics:
             w.emit("ln_wsum = tl.zeros([16, BN], dtype=tl.float32)")
             w.emit("ln0_shift = tl.zeros([BM], dtype=tl.float32)")
         with w.block("if SPLIT > 1:") if self.deferred else nullcontext():
-            with w.block(f"for k1 in range(0, {k}, BK):"):
-                w.emit("rk = k1 + tl.arange(0, BK)")
-                self._chunk("k1")
-                for j, ln in enumerate(self.norms):
-                    x = w.value(ln.inputs[0], tile, self.a_index)
-                    self._combine(f"ln{j}", x)
-            self._rstd()
-        for j, ln in enumerate(self.norms):
-            self.names[id(ln)] = (f"ln{j}_mean", f"ln{j}_rstd")
+            for loop in self._loops():
+                tile = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"}, {"rm": m_bound, "rk": f"(rk[None, :] < {k})"})
+                with w.block(f"for k1 in range(0, {k}, BK):"):
+                    w.emit("rk = k1 + tl.arange(0, BK)")
+                    self._chunk("k1")
+                    for j, ln in loop:
+                        self._combine(f"ln{j}", w.value(ln.inputs[0], tile, self.a_index))
+                self._rstd(loop)
+                for j, ln in loop:  # a later loop's norm reads these
+                    self.names[id(ln)] = (f"ln{j}_mean", f"ln{j}_rstd")
+
+    def _loops(self) -> list[list[tuple[int, Instruction]]]:
+        """The norms (with their numbers) by statistics loop: a norm goes one loop after the
+        latest norm its input reads (the sub-module lists a norm after those it reads)."""
+        number = {id(ln): j for j, ln in enumerate(self.norms)}
+        level: dict[int, int] = {}
+        for ln in self.norms:
+            stack, seen, below = [ln.inputs[0]], set(), [-1]
+            while stack:
+                x = stack.pop()
+                if id(x) in seen:
+                    continue
+                seen.add(id(x))
+                if id(x) in number:
+                    below.append(level[id(x)])
+                stack.extend(x.inputs)
+            level[id(ln)] = max(below) + 1
+        loops: list[list[tuple[int, Instruction]]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+        for ln in self.norms:
+            loops[level[id(ln)]].append((number[id(ln)], ln))
+        return loops
 
     def column_sums(self, b_tile: str, operand: str, precision: str) -> None:
         """In the k loop of a deferred kernel: add the chunk's B rows into W's column sums."""
@@ -104,7 +166,7 @@ class RowStatistics:
         if not self.deferred:
             return
         with self.w.block("if SPLIT == 1:"):
-            self._rstd()
+            self._rstd([(0, self.norms[0])])
             # every row of the sums of ones is W's column sums: the max picks one, exactly
             offset = "(ln0_mean - ln0_shift)" if self.norms[0].op.center else "(-ln0_shift)"  # an RMS norm's rows keep their mean
             self.w.emit(f"{acc} = ({acc} - {offset}[:, None] * tl.max(ln_wsum, 0)[None, :]) * ln0_rstd[:, None]")
@@ -120,8 +182,8 @@ class RowStatistics:
         """`x` less its row's mean; as it is for an RMS norm."""
         return f"({x} - {mean}[:, None])" if ln.op.center else f"({x})"
 
-    def _rstd(self) -> None:
-        for j, ln in enumerate(self.norms):
+    def _rstd(self, norms: list[tuple[int, Instruction]]) -> None:
+        for j, ln in norms:
             # the mean square of an RMS norm's rows: their variance plus their squared mean
             square = "" if ln.op.center else f" + ln{j}_mean * ln{j}_mean"
             self.w.emit(f"ln{j}_rstd = 1.0 / tl.sqrt(ln{j}_m2 / {self.k}.0{square} + {ln.op.attrs['epsilon']})")
@@ -139,13 +201,18 @@ class RowStatistics:
         return chunk
 
     def _normalized(self, ln: Instruction) -> Callable[[Tile, Index], str]:
-        """The k loop's value of `ln` at a tile index: its input there, normalized by its row's statistics."""
+        """The k loop's value of `ln` at a tile index: its input there, normalized by its row's
+        statistics, then scaled and shifted by its gamma and beta there if it has them."""
 
         def value(tile: Tile, index: Index) -> str:
             mean, rstd = self.names[id(ln)]
             x = self.w.value(ln.inputs[0], tile, index)
             if not self.deferred:
-                return self.w.let(f"{self._centered(ln, x, mean)} * {rstd}[:, None]")
+                y = self.w.let(f"{self._centered(ln, x, mean)} * {rstd}[:, None]")
+                if len(ln.inputs) == 3:
+                    gamma, beta = (self.w.value(p, tile, index) for p in ln.inputs[1:])
+                    y = self.w.let(f"{y} * {gamma} + {beta}")
+                return y
             name = self.w.fresh("lna")
             with self.w.block("if SPLIT == 1:"):  # the rows less their first chunk's mean, folded into their statistics
                 self._chunk("k0")

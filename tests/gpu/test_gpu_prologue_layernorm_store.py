@@ -1,0 +1,94 @@
+"""A GEMM kernel that computes a layernorm in its prologue and also stores the normalized rows
+(templates/gemm_prologue.py `row_stores`), under Triton's interpreter (or on a GPU): BERT's
+post-norm feed-forward block and a whole encoder layer, the stored rows also returned, chained
+layernorms, rows read (and stored) through a transpose, tiles that M and K do not fill, and
+split-k, where each program stores the k chunks it walks. Every
+buffer is poisoned with NaN, so an element no program stores shows up; outputs are compared
+with the NumPy reference target on random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusegraph import api, parse_onnx
+from tests.gpu.test_gpu_kernels import TOL, check_gpu, node
+from tests.helpers import make_model, rand, rel_err
+from tests.passes.test_prologue_layernorm_store import chained_norms, post_norm_block, post_norm_layer
+
+FP16_TOL = 5e-3  # fp16 operands, weights and stored rows against the fp32 reference (measured 4.5e-4)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("returned", [False, True])
+def test_post_norm_block(returned, fp16):
+    """7 rows in a tile of 16 or more, 48 columns in chunks of 32: both ragged."""
+    compiled = check_gpu(post_norm_block(returned=returned), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    first, second = compiled.kernels
+    assert [first.src.template, second.src.template] == ["gemm", "gemm"]
+    assert "if pid_n == 0:" in first.src.body and "out1" in first.src.args
+    assert "if pid_n == 0:" not in second.src.body
+
+
+def _run_configs(program, compiled, configs: list[dict], seed: int) -> None:
+    """Run the program with its first kernel under each config, on fresh inputs, every output
+    against the reference."""
+    rng = np.random.default_rng(seed)
+    kernel = compiled.kernels[0]
+    for config in configs:
+        kernel.config = config
+        inputs = {k: rng.standard_normal(s.lens).astype(np.float32) for k, s in program.input_shapes.items()}
+        want = api.run(program, inputs)
+        compiled.poison()
+        got = compiled.run(inputs)
+        for name in want:
+            assert not np.isnan(got[name]).any(), (name, config)
+            assert rel_err(got[name], want[name]) <= TOL, (name, config, rel_err(got[name], want[name]))
+
+
+def test_post_norm_block_under_split_k_and_every_default_config():
+    """K = 520: eight or more chunks of 64, so the configs split k (each split stores the
+    chunks it walks, which together cover the row once), the last chunk ragged; 37 rows,
+    two column blocks of the first product (only the first stores). The stored rows are
+    returned, so they are checked directly."""
+    program = parse_onnx(post_norm_block(m=37, k=520, h=40, returned=True))
+    compiled = api.compile(program, "gpu", tune=False)
+    configs = compiled.kernels[0].src.configs
+    narrow = [c for c in configs if c["SPLIT"] > 1 and c["BN"] < 40]  # split k, two column blocks
+    assert {c["SPLIT"] for c in narrow} >= {2, 4}, configs
+    chosen = configs[:3] + narrow + [c for c in configs if c["BK"] == 32][:1]
+    _run_configs(program, compiled, chosen, seed=7)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("n", [32, 8])
+def test_chained_layernorms(n, fp16):
+    """A layernorm of a stored layernorm (Swin's patch embedding and first block): two
+    statistics loops, the second reading the first's normalized rows. With N = K the
+    residual add in the epilogue reads the first layernorm at the output index; else a
+    relu reads its stored rows."""
+    tail = [node("Add", ["p", "e"], ["out"])] if n == 32 else [node("Relu", ["e"], ["out"])]
+    compiled = check_gpu(chained_norms(tail, n, ["out", "p"]), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    body = compiled.kernels[0].src.body
+    assert body.count("for k1 in range(") == 2  # the second norm's statistics wait for the first's
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("width,stores", [(320, 2), (32, 1)])
+def test_post_norm_encoder_layer(fp16, width, stores):
+    """A whole BERT layer on the gpu target: 320 wide, the two post-norm layernorms stored by
+    QKV and fc1 and read by the residual adds, the last one returned; 32 wide, the post-norms
+    in the epilogues of the products before them and only the input norm stored by QKV."""
+    compiled = check_gpu(post_norm_layer(c=width), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert sum("if pid_n == 0:" in k.src.body for k in compiled.kernels) == stores
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_rows_stored_through_a_transpose_of_the_leading_axes(fp16):
+    """Sequence-first rows: the batched product reads the layernorm transposed, so its kernel
+    stores each row through the inverse of that map (the batch index picks the position)."""
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("Transpose", ["t"], ["tt"], perm=[1, 0, 2]),
+                        node("MatMul", ["tt", "w"], ["y"]), node("Relu", ["t"], ["z"])], {"x": [3, 5, 64]}, ["y", "z"],
+                       {"g": rand(64, seed=1), "bt": rand(64, seed=2), "w": rand(64, 8, seed=3, scale=0.3)})
+    compiled = check_gpu(model, tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert [k.src.kernel_name for k in compiled.kernels] == ["layernorm_dot", "relu"]
