@@ -29,6 +29,11 @@ from fusegraph.ops.base import is_load, is_select
 from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile
 
 
+# Chunks of the statistics loop in flight at once: its loads do not depend on each other, and
+# the loop is pipelined as a product's k loop is, instead of waiting out each load in turn.
+STATS_STAGES = 3
+
+
 def selected_loads(a: Instruction) -> list[Instruction] | None:
     """The loads an A operand reads when it computes nothing (a load, or a select between the
     loads of concat parts, zero wherever masked): they keep their storage type. None otherwise."""
@@ -125,7 +130,7 @@ class RowStatistics:
         with w.block("if SPLIT > 1:") if self.deferred else nullcontext():
             for loop in self._loops():
                 tile = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"}, {"rm": m_bound, "rk": f"(rk[None, :] < {k})"})
-                with w.block(f"for k1 in range(0, {k}, BK):"):
+                with w.block(f"for k1 in tl.range(0, {k}, BK, num_stages={STATS_STAGES}):"):
                     w.emit("rk = k1 + tl.arange(0, BK)")
                     self._chunk("k1")
                     for j, ln in loop:
