@@ -70,7 +70,7 @@ def test_chained_layernorms(n, fp16):
     tail = [node("Add", ["p", "e"], ["out"])] if n == 32 else [node("Relu", ["e"], ["out"])]
     compiled = check_gpu(chained_norms(tail, n, ["out", "p"]), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
     body = compiled.kernels[0].src.body
-    assert body.count("for k1 in range(") == 2  # the second norm's statistics wait for the first's
+    assert body.count("for k1 in tl.range(") == 2  # the second norm's statistics wait for the first's
 
 
 @pytest.mark.parametrize("fp16", [False, True])
