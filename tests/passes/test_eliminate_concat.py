@@ -113,3 +113,54 @@ def test_a_program_without_concat_is_left_as_it_is():
     text = str(p)
     assert not EliminateConcat().apply(m)
     assert str(p) == text
+
+
+def nested(copied: bool = False, shared: bool = False) -> Program:
+    """softmax(concat(exp(x), concat(neg(z), sin(w)) along columns) along rows), after pointwise
+    fusion: the inner concat is one slot of the outer (w itself instead of sin(w) when `copied`;
+    sin(w) also read by a softmax returned as well when `shared`)."""
+    p = Program()
+    m = p.main
+    x = add_param(m, "x", Shape.of(DType.float32, [2, 3]))
+    z = add_param(m, "z", Shape.of(DType.float32, [1, 2]))
+    w = add_param(m, "w", Shape.of(DType.float32, [1, 1]))
+    first = m.add(make_op("neg"), [z])
+    last = w if copied else m.add(make_op("sin"), [w])
+    inner = m.add(Concat(1), [first, last])
+    outer = m.add(Concat(0), [m.add(make_op("exp"), [x]), inner])
+    y = m.add(Softmax(1), [outer])
+    m.set_returns([y, m.add(Softmax(0), [last])] if shared else [y], ["y", "v"] if shared else ["y"])
+    return _fused(p)
+
+
+def test_the_parts_of_a_nested_concat_write_their_boxes_of_the_outer_buffer():
+    before, after = nested(), nested()
+    assert op_names(before.main) == ["@param", "@param", "@param", "fused", "fused", "concat", "fused", "concat", "softmax"]
+    assert EliminateConcat().apply(after.main)
+    assert op_names(after.main) == ["@param", "@param", "@param", "allocate", "fused", "fused", "fused", "softmax"]
+    neg, sin, exp = after.main.instructions[4:7]
+    assert [k.op.attrs["kernel"] for k in (neg, sin, exp)] == ["neg", "sin", "exp"]
+    assert [_store_maps(k) for k in (neg, sin, exp)] == [["(i0, i1) -> (2, i1)"], ["(i0, i1) -> (2, 2)"],
+                                                          ["(i0, i1) -> (i0, i1)"]]
+    assert after.main.instructions[7].inputs == [exp]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_part_of_a_nested_concat_that_is_no_kernel_is_copied_into_its_box():
+    before, after = nested(copied=True), nested(copied=True)
+    assert EliminateConcat().apply(after.main)
+    kernels = {i.op.attrs["kernel"]: i for i in after.main if i.op.name == "fused"}
+    assert sorted(kernels) == ["copy", "exp", "neg"]
+    assert _store_maps(kernels["copy"]) == ["(i0, i1) -> (2, 2)"]
+    assert not any(i.op.name == "concat" for i in after.main)
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_other_readers_of_a_nested_part_read_its_box_of_the_buffer():
+    before, after = nested(shared=True), nested(shared=True)
+    assert EliminateConcat().apply(after.main)
+    (sin,) = [i for i in after.main if i.op.name == "fused" and i.op.attrs["kernel"] == "sin"]
+    (box,) = [i for i in after.main if i.op.name == "slice" and i.inputs == [sin]]
+    assert (box.op.attrs["axes"], box.op.attrs["starts"], box.op.attrs["ends"]) == ((0, 1), (2, 2), (3, 3))
+    assert [i.inputs for i in after.main if i.op.name == "softmax"][-1] == [box]
+    assert_same_results(before, after, tolerance=TOLERANCE)
