@@ -116,7 +116,7 @@ class EliminateConcat:
 
     def apply(self, module: Module) -> bool:
         def eliminate(ins: Instruction) -> bool:
-            if not ins.op.concatenates or ins not in module.instructions or _nested(module, ins, module.users()):
+            if not ins.op.concatenates or _nested(module, ins, module.users()):
                 return False
             self._eliminate(module, ins)
             return True

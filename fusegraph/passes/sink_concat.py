@@ -154,30 +154,47 @@ def sink(module: Module, concat: Instruction, region: Sequence[Instruction]) -> 
             module.replace_uses(r, place(r, Concat(b), parts))
     for r in region:
         module.remove(r)
-    if not module.users()[concat] and concat not in module.returns:
+    if all(id(u) in inside for u in users[concat]) and concat not in module.returns:
         module.remove(concat)
     return {k: v[1] for k, v in split.items() if k != id(concat)}
 
 
-def part_anchor(module: Module, part: Instruction) -> Instruction | None:
+def part_anchor(module: Module, part: Instruction, pos: dict[int, int], groups: dict[int, set[int]]) -> Instruction | None:
     """The anchor whose fused group (as fusion would build it now) computes `part`: the
-    nearest anchor above it, through views, pointwise ops and reductions, that has it as a
-    member; None when there is none."""
-    pos = {id(i): k for k, i in enumerate(module.instructions)}
-    stack, seen, found = [part], set(), []
+    nearest anchor above it (through views, pointwise ops and reductions; `pos` gives program
+    positions), when the part is a member of its group; else None. `groups` caches each probed
+    anchor's members' ids."""
+    stack, seen, nearest = [part], set(), None
     while stack:
         x = stack.pop()
         if id(x) in seen:
             continue
         seen.add(id(x))
         if x.op.kind == OpKind.ANCHOR:
-            found.append(x)
+            nearest = x if nearest is None or pos[id(x)] > pos[id(nearest)] else nearest
         elif x.op.kind in (OpKind.VIEW, OpKind.POINTWISE, OpKind.REDUCE):
             stack.extend(x.inputs)
-    for a in sorted(found, key=lambda i: -pos[id(i)]):
-        if any(m is part for m in anchor_group(module, a)[1]):
-            return a
-    return None
+    if nearest is None:
+        return None
+    if id(nearest) not in groups:
+        groups[id(nearest)] = {id(m) for m in anchor_group(module, nearest)[1]}
+    return nearest if id(part) in groups[id(nearest)] else None
+
+
+def computes_below(concat: Instruction, users: dict[Instruction, list[Instruction]]) -> bool:
+    """Whether an op that computes (neither a view nor a concat) splits along `concat`'s parts
+    below it, reached through views and concats that split (`split_axis`): nothing else is
+    worth sinking."""
+    stack = [(concat, concat.op.attrs["axis"])]
+    while stack:
+        x, axis = stack.pop()
+        for u in users.get(x, []):
+            b = split_axis(u, [axis if y is x else None for y in u.inputs])
+            if b is not None and u.op.kind != OpKind.VIEW and not u.op.concatenates:
+                return True
+            if b is not None:
+                stack.append((u, b))
+    return False
 
 
 class SinkConcat:
@@ -187,24 +204,38 @@ class SinkConcat:
     name = "sink_concat"
 
     def apply(self, module: Module) -> bool:
+        facts: list = []  # the module's readers and positions, while it is unchanged
+
         def try_sink(ins: Instruction) -> bool:
-            return ins.op.concatenates and ins in module.instructions and self.sink_below(module, ins)
+            if not ins.op.concatenates:
+                return False
+            if not facts:
+                facts.extend([module.users(), {id(i): k for k, i in enumerate(module.instructions)}])
+            users, pos = facts
+            if id(ins) not in pos or not self.sink_below(module, ins, users, pos):
+                return False
+            facts.clear()
+            return True
 
         return rewrite_each(module, try_sink, drop_dead=True)
 
-    def sink_below(self, module: Module, concat: Instruction) -> bool:
-        """Sink the largest region below `concat` whose copies all join their parts' kernels."""
+    def sink_below(self, module: Module, concat: Instruction, users: dict[Instruction, list[Instruction]],
+                   pos: dict[int, int]) -> bool:
+        """Sink the largest region below `concat` whose copies all join their parts' kernels
+        (`users` and `pos`: the module's readers and program positions)."""
         axis = concat.op.attrs["axis"]
         if len(concat.inputs) < 2 or concat.shape.elements == 0:
             return False
-        readers = module.users()[concat]
-        if not any(split_axis(u, [axis if x is concat else None for x in u.inputs]) is not None for u in readers):
+        if not computes_below(concat, users):
             return False
-        anchors = [part_anchor(module, x) for x in concat.inputs]
-        if any(a is None for a in anchors):
-            return False
+        anchors: list[Instruction] = []
+        groups: dict[int, set[int]] = {}
+        for x in concat.inputs:
+            a = part_anchor(module, x, pos, groups)
+            if a is None or id(concat) in groups[id(a)]:
+                return False  # a part no kernel computes, or the concat is already in a part's kernel
+            anchors.append(a)
         snapshot = _Snapshot(module)
-        pos = {id(i): k for k, i in enumerate(snapshot.instructions)}
         axis_of: dict[int, int] = {id(concat): axis}
         committed: list[Instruction] = []
         pending: list[Instruction] = []  # views whose readers may still join
@@ -232,13 +263,13 @@ class SinkConcat:
         return True
 
     @staticmethod
-    def _all_join(module: Module, anchors: list[Instruction | None], region: list[Instruction],
+    def _all_join(module: Module, anchors: list[Instruction], region: list[Instruction],
                   copies: dict[int, list[Instruction]]) -> bool:
         """Whether every copy of each computing op of `region` is a member of its part's anchor's group."""
         groups: dict[int, set[int]] = {}
         for a in anchors:
             if id(a) not in groups:
-                groups[id(a)] = {id(m) for m in anchor_group(module, a)[1]}  # type: ignore[arg-type]
+                groups[id(a)] = {id(m) for m in anchor_group(module, a)[1]}
         return all(id(c) in groups[id(a)] for r in region if r.op.kind != OpKind.VIEW
                    for a, c in zip(anchors, copies[id(r)]))
 
