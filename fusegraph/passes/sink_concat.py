@@ -22,11 +22,13 @@ that axis mapping to one output axis:
   weights read as they are).
 
 Profit: a copy per part pays only where each copy joins its part's kernel; elsewhere it would
-multiply small kernels. The pass grows the sunk region from the concat in program order and
-asks fusion's own rule (`fuse_anchors.anchor_group`) on the rewritten program whether every
-copy of every computing op joins the group of its part's anchor; it keeps the largest region
-that passes (views ride along with the ops after them) and leaves the rest reading one concat
-of the region's results.
+multiply small kernels. So each part must be computed by an anchor's group (the nearest anchor
+above it, as `fuse_anchors.anchor_group` builds it) that does not hold the concat already. The
+pass then grows the sunk region from the concat in program order, one computing op at a time
+(with the views between), rewrites the program with it on trial and asks fusion's own rule
+(`anchor_group`) whether every copy of every computing op in the region joins its part's
+anchor's group; an op that passes stays in the region. Region values read outside it become
+one concat of their copies again, which concat elimination writes in place.
 """
 
 from __future__ import annotations

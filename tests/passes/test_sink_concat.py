@@ -20,7 +20,7 @@ from fusegraph.ops.reduce import Softmax
 from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import Reshape, Slice, Transpose
 from fusegraph.passes.sink_concat import SinkConcat, split_axis, view_axis
-from tests.helpers import assert_same_results, make_model, op_names, printed, rand
+from tests.helpers import assert_same_results, make_model, printed, rand
 
 TOLERANCE = 1e-6  # the same ops on the same values, per part
 
