@@ -12,11 +12,17 @@ buffer, its part in the part's slot and the rest in extra channels before or aft
 own, and the concat's readers read the concat's range of the buffer as a view. This needs the
 kernel's output to cover whole slots wherever it overlaps the concat, so only the kernel that
 supplies the first (or last) slot can reach past the concat's start (or end).
+
+A part that is itself a concat (along any axis) read only there is flattened into its parts,
+each written at its place in the outer buffer: YOLOv8's output concatenates its boxes with a
+concat of the three levels' class scores, and each class kernel writes its box of the output.
 """
 
 from __future__ import annotations
 
-from fusegraph.ir.index_map import IndexMap, embed_map
+from typing import Any, Sequence
+
+from fusegraph.ir.index_map import IndexMap, embed_map, identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_allocate, is_fused, is_fused_output, is_store
 from fusegraph.ops.fused import Allocate, Fused, Store
@@ -55,6 +61,46 @@ def retarget(module: Module, fused: Instruction, buffer: Instruction, emb: Index
     return new
 
 
+def _nested(module: Module, x: Instruction, users: dict[Instruction, list[Instruction]]) -> bool:
+    """Whether concat `x` is one slot of another concat and read nowhere else: that concat
+    writes `x`'s parts into its own buffer (`_leaves`)."""
+    readers = users.get(x, [])
+    return (x.op.concatenates and len(readers) == 1 and readers[0].op.concatenates
+            and x not in module.returns and x.shape.elements > 0)
+
+
+def _leaves(module: Module, concat: Instruction, users: dict[Instruction, list[Instruction]]
+            ) -> dict[int, list[tuple[Instruction, int, tuple[int, ...]]]]:
+    """For each input of `concat` that is a nested concat (`_nested`), its parts found through
+    any depth of nesting: the concat holding the part, the part's slot there and where the
+    part's index 0 lands in `concat`."""
+    out: dict[int, list[tuple[Instruction, int, tuple[int, ...]]]] = {}
+
+    def walk(inner: Instruction, starts: tuple[int, ...], into: list) -> None:
+        axis, offset = inner.op.attrs["axis"], 0
+        for k, x in enumerate(inner.inputs):
+            at = tuple(s + offset if a == axis else s for a, s in enumerate(starts))
+            if _nested(module, x, users):
+                walk(x, at, into)
+            else:
+                into.append((inner, k, at))
+            offset += x.shape.lens[axis]
+
+    axis, offset = concat.op.attrs["axis"], 0
+    for k, x in enumerate(concat.inputs):
+        if _nested(module, x, users):
+            out[k] = []
+            walk(x, tuple(offset if a == axis else 0 for a in range(x.shape.ndim)), out[k])
+        offset += x.shape.lens[axis]
+    return out
+
+
+def _box_map(part: Instruction, starts: Sequence[int], lens: Sequence[int]) -> IndexMap:
+    """The map of `part`'s index to the buffer of `lens` where its index 0 lands at `starts`."""
+    vs = identity_map(part.shape.lens).out_vars
+    return IndexMap(vs, [v + s for v, s in zip(vs, starts)], lens)
+
+
 def _source(x: Instruction, axis: int) -> tuple[Instruction, int]:
     """Where a concat input's elements are computed and where along `axis` they start there: the
     input itself, or the producer of a unit-step slice along `axis` alone (a kernel computing
@@ -70,7 +116,7 @@ class EliminateConcat:
 
     def apply(self, module: Module) -> bool:
         def eliminate(ins: Instruction) -> bool:
-            if not ins.op.concatenates:
+            if not ins.op.concatenates or _nested(module, ins, module.users()):
                 return False
             self._eliminate(module, ins)
             return True
@@ -111,6 +157,7 @@ class EliminateConcat:
         for x in inputs:
             offsets.append(offset)
             offset += x.shape.lens[axis]
+        nested = _leaves(module, concat, module.users())
         writers = self._writers(module, concat, offsets)
         before = max([0] + [-shift for _, shift, _ in writers.values()])
         after = max([0] + [shift + src.shape.lens[axis] - length for src, shift, _ in writers.values()])
@@ -120,10 +167,21 @@ class EliminateConcat:
         written = {k for _, _, ks in writers.values() for k in ks}
         # write the parts in the order their producers run: the chain through the buffer
         # must not make an early producer wait for a part computed from its own output;
-        # a step is a writing kernel's id or, for an input that needs a copy, its index
-        steps: list[tuple[int, str, int]] = [(pos[key], "kernel", key) for key in writers]
-        steps += [(pos.get(id(inputs[k]), -1), "copy", k) for k in range(len(inputs)) if k not in written]
+        # a step is a writing kernel's id, for an input that needs a copy its index, for a
+        # part of a nested concat that concat, the part's slot and where the part lands
+        steps: list[tuple[int, str, Any]] = [(pos[key], "kernel", key) for key in writers]
+        steps += [(pos.get(id(inputs[k]), -1), "copy", k) for k in range(len(inputs)) if k not in written and k not in nested]
+        leaves = [leaf for ls in nested.values() for leaf in ls]
+        every_part = [*inputs, *(c.inputs[k] for c, k, _ in leaves)]
+        for leaf in leaves:  # a kernel that writes one part only writes it in place
+            x = leaf[0].inputs[leaf[1]]
+            in_place = _retargetable(x) and x not in module.returns and sum(y is x for y in every_part) == 1
+            steps.append((pos.get(id(x), -1), "leaf" if in_place else "leaf copy", leaf))
         steps.sort(key=lambda step: step[0])
+
+        def in_buffer(starts: Sequence[int]) -> list[int]:
+            return [s + before if a == axis else s for a, s in enumerate(starts)]
+
         buf = module.make(Allocate(concat.shape.dtype, lens), [], concat.origin)
         module.insert_before(module.instructions[min([p for p, _, _ in steps if p >= 0], default=0)], buf)
         for _, kind, key in steps:
@@ -137,12 +195,26 @@ class EliminateConcat:
                 module.insert_before(src, part)
                 module.replace_uses(src, part)
                 module.remove(src)
+            elif kind == "leaf":
+                inner, k, starts = key
+                src, at = inner.inputs[k], in_buffer(starts)
+                new = retarget(module, src, buf, _box_map(src, at, lens))
+                module.insert_before(src, new)
+                box = [(a, s, s + n) for a, (s, n) in enumerate(zip(at, src.shape.lens)) if n != lens[a]]
+                part = module.make(Slice(*zip(*box)) if box else Slice([axis], [0], [lens[axis]]), [new], src.origin)
+                module.insert_before(src, part)
+                module.replace_uses(src, part)
+                module.remove(src)
             else:  # the input as it is read now (it may have become a view of this buffer)
-                x = concat.inputs[key]
+                if kind == "copy":
+                    x, at = concat.inputs[key], in_buffer([offsets[key] if a == axis else 0 for a in range(len(lens))])
+                else:
+                    inner, k, starts = key
+                    x, at = inner.inputs[k], in_buffer(starts)
                 b = GroupBuilder(group_name(module))
                 value = b.gather(x)
                 dest = b.param(buf)
-                emb = embed_map(x.shape.lens, lens, axis, before + offsets[key])
+                emb = _box_map(x, at, lens)
                 st = b.add(Store(emb, ()), [dest, value], concat.origin)
                 b.sub.set_returns([st], ["out"])
                 new = Instruction(Fused(b.sub, "copy"), b.inputs, st.shape, concat.origin)

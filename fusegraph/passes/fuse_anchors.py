@@ -33,6 +33,7 @@ from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group
 from fusegraph.passes.prologue_rule import PrologueRule
 from fusegraph.passes.reduction_epilogue import pixel_reduction, segment_fold, segment_layernorm, segment_softmax
 from fusegraph.passes.rewrite import rewrite_each
+from fusegraph.passes.weighted_sum_epilogue import segment_weighted_sum
 
 
 class _Epilogue:
@@ -81,6 +82,8 @@ class _Epilogue:
             if not any(self._only_stored(m) for m in self.members):  # one sum over the pixels per kernel
                 rules.append(pixel_reduction)
             return next((got for rule in rules if (got := rule(self.anchor, ins, src[0], self.b)) is not None), None)
+        if op.kind == OpKind.ANCHOR and src[0] is not None and not any(self.depends_on_group(x) for x in ins.inputs[1:]):
+            return segment_weighted_sum(self.anchor, ins, src[0], self.b)
         if op.concatenates and all(s is not None for s in src):
             out: list[Piece] = []
             axis, offset = ins.op.attrs["axis"], 0

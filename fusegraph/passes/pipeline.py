@@ -29,6 +29,7 @@ from fusegraph.passes.manager import Pass, PassReport, run_passes
 from fusegraph.passes.merge_siblings import MergeSiblings
 from fusegraph.passes.pad_channel_groups import PadChannelGroups
 from fusegraph.passes.simplify_views import SimplifyViews
+from fusegraph.passes.sink_concat import SinkConcat
 from fusegraph.passes.space_to_depth import SpaceToDepth
 
 
@@ -38,7 +39,7 @@ def canonicalize_passes() -> list[Pass]:
 
 
 def fusion_passes() -> list[Pass]:
-    return [FuseAttention(), MergeSiblings(), FuseAnchors(), FuseReductions(), FuseMovement(), FusePointwise(), EliminateConcat(), DeadCodeElimination()]
+    return [FuseAttention(), MergeSiblings(), SinkConcat(), FuseAnchors(), FuseReductions(), FuseMovement(), FusePointwise(), EliminateConcat(), DeadCodeElimination()]
 
 
 def default_pipeline() -> list[Pass]:

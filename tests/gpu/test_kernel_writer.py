@@ -49,6 +49,15 @@ def test_range_conditions_compare_the_whole_sum():
     np.testing.assert_array_equal(got, (want >= 0) & (want < 18))
 
 
+def test_a_range_condition_on_scalars_alone_is_a_one_element_tensor():
+    """`tap < 2` alone: Triton's interpreter rejects `tensor & scalar` in a mask."""
+    tap = var("tap", 9)
+    (cond,) = gemm_tile().range_conds(tap, 0, 2)
+    assert cond == "(tl.full([1], 1, tl.int1) & (tap < 2))"
+    (tile_cond,) = gemm_tile().range_conds(RM + tap, 0, 100)
+    assert "tl.full" not in tile_cond
+
+
 def test_conjunction_joins_each_axis_first_and_scalars_last():
     tile = gemm_tile()
     code = tile.conjunction(["(rm[:, None] < 100)", "last", "(rk[None, :] < 70)", "(rm[:, None] >= 3)", "last"])

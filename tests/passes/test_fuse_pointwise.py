@@ -1,7 +1,8 @@
 """Pointwise fusion (passes/fuse_pointwise.py): the pointwise ops left after anchor fusion form
 one kernel per root (a pointwise value read by something that is not pointwise, through any
 views, or returned); a root's pointwise producers are recomputed in its kernel, read through
-the views in between."""
+the views in between. A concat read only by pointwise ops, with a part that would cost a kernel
+of its own, is read as a select of its parts in their kernels."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops import make_op
+from fusegraph.ops.movement import Concat
+from fusegraph.ops.reduce import Softmax
 from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast, Transpose
+from fusegraph.passes.fuse_anchors import FuseReductions
 from fusegraph.passes.fuse_pointwise import FusePointwise
 from tests.helpers import assert_same_results, op_names, printed
 
@@ -109,3 +113,43 @@ def test_views_and_reductions_alone_are_not_fused():
     text = str(p)
     assert not FusePointwise().apply(m)
     assert str(p) == text
+
+
+def centre_size(kernel_parts: bool = False) -> Program:
+    """concat(a + b, b - a) * s along rows, YOLOv8's box arithmetic; with `kernel_parts` the
+    parts are softmaxes (kernels writing their slots of the concat in place)."""
+    p = Program()
+    m = p.main
+    a = add_param(m, "a", Shape.of(DType.float32, [2, 5]))
+    b = add_param(m, "b", Shape.of(DType.float32, [2, 5]))
+    s = add_param(m, "s", Shape.of(DType.float32, [4, 5]))
+    if kernel_parts:
+        parts = [m.add(Softmax(1), [a]), m.add(Softmax(1), [b])]
+    else:
+        parts = [m.add(make_op("add"), [a, b]), m.add(make_op("sub"), [b, a])]
+    m.set_returns([m.add(make_op("mul"), [m.add(Concat(0), parts), s])], ["y"])
+    return p
+
+
+def test_a_concat_of_pointwise_parts_read_by_a_pointwise_op_is_a_select_in_its_kernel():
+    before, after = centre_size(), centre_size()
+    assert FusePointwise().apply(after.main)
+    assert op_names(after.main) == ["@param", "@param", "@param", "fused"]
+    (kernel,) = [i for i in after.main if i.op.name == "fused"]
+    assert kernel.op.attrs["kernel"] == "add_sub_concat_mul"
+    sub = printed(kernel.op.module)
+    assert sub[9:13] == ["@8 = select[0 <= i0 < 2](@4,@7) -> float_type, {4, 5}, {5, 1}",
+                         "@9 = @param:x2 -> float_type, {4, 5}, {5, 1}",
+                         "@10 = load[{4, 5} -> {4, 5}: (i0, i1) -> (i0, i1)](@9) -> float_type, {4, 5}, {5, 1}",
+                         "@11 = mul(@8,@10) -> float_type, {4, 5}, {5, 1}"]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_concat_of_kernel_outputs_stays_a_buffer():
+    """Its parts write their slots in place (concat elimination): a select would add masks only."""
+    before, after = centre_size(kernel_parts=True), centre_size(kernel_parts=True)
+    FuseReductions().apply(after.main)
+    assert FusePointwise().apply(after.main)
+    assert op_names(after.main) == ["@param", "@param", "@param", "fused", "fused", "concat", "fused"]
+    assert [i.op.attrs["kernel"] for i in after.main if i.op.name == "fused"] == ["softmax", "softmax", "mul"]
+    assert_same_results(before, after, tolerance=TOLERANCE)

@@ -267,7 +267,7 @@ def test_no_merge_of_grouped_convolutions():
 def test_a_kernel_in_two_slots_of_one_concat_writes_one_and_is_copied_into_the_other():
     model = make_model([
         helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
-        helper.make_node("Concat", ["r", "z", "r"], ["cat"], axis=1), helper.make_node("Sigmoid", ["cat"], ["y"]),
+        helper.make_node("Concat", ["r", "z", "r"], ["cat"], axis=1), helper.make_node("Softmax", ["cat"], ["y"], axis=1),
     ], {"x": [1, 3, 4, 4], "z": [1, 2, 4, 4]}, ["y"], {"w": rand(2, 3, 1, 1, seed=1)})
     program = check_fused_equals_unfused(model)
-    assert sorted(k.op.attrs["kernel"] for k in kernels(program)) == ["conv_relu", "copy", "copy", "sigmoid"]
+    assert sorted(k.op.attrs["kernel"] for k in kernels(program)) == ["conv_relu", "copy", "copy", "softmax"]

@@ -82,14 +82,19 @@ class Tile:
         The comparison stays on the whole sum (`a + b >= lo`, not `b >= lo - a`): Triton then
         sees the mask constant along contiguous runs and pipelines a gathered operand with
         asynchronous copies (a strided convolution's gathered input, two elements per copy).
+
+        A condition on no tile axis (a GEMM epilogue's column block, `pid_n < 2`, where a
+        store's domain follows the run a tile holds) is made a one-element tensor: Triton's
+        interpreter rejects a mask that joins a tensor and such a scalar with `&`.
         """
         blo, bhi = bounds(e)
+        scalar = not any(v.name in self.bounds for v in free_vars(e))
         out = []
         if blo < lo:
             out.append(f"({self.code(e)} >= {lo})")
         if bhi >= hi:
             out.append(f"({self.code(e)} < {hi})")
-        return out
+        return [f"(tl.full([1], 1, tl.int1) & {c})" for c in out] if scalar else out
 
     def _groups(self, e: Expr) -> list[Expr]:
         """The terms of a sum grouped by the tile axes they use, one-axis groups first (the
