@@ -81,7 +81,7 @@ def test_concat_parts_are_compared_where_each_kernel_writes(tmp_path, capsys):
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv_0", pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["x"], ["s"], name="sigmoid_1"),
              helper.make_node("Concat", ["c", "s"], ["k"], name="concat_2", axis=1),
-             helper.make_node("Relu", ["k"], ["y"], name="relu_3")]
+             helper.make_node("Softmax", ["k"], ["y"], name="softmax_3", axis=1)]  # over both parts: the concat stays
     model = make_model(nodes, {"x": X}, ["y"], {"w": rand(4, 4, 3, 3, seed=4, scale=0.3)})
     path, given, _ = _save(tmp_path, model)
     assert main(["verify", path, "--target", "gpu", "--bisect", "--input", given]) == 0
