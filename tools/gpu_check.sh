@@ -49,6 +49,8 @@ for s in $steps; do
     perf_dw) for m in ${PERF_MODELS:-convnext_tiny efficientnet_b1}; do
                step perf_$m timeout 120 $py -m fusegraph.driver.cli perf $m --fp16
                step floors_$m timeout 60 $py bench/kernel_floors.py "$out/perf_$m.log" --model $m; done ;;
+    cold_compile) for m in ${COLD_MODELS:-bert_base efficientnet_b1 yolov8s}; do  # empty caches: what a first compile costs
+               step cold_$m timeout 150 env FUSEGRAPH_CACHE_DIR=/tmp/fgc-cold-$m-$$ TRITON_CACHE_DIR=/tmp/tc-cold-$m-$$ $py -m fusegraph.driver.cli perf $m --fp16; done ;;
     models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) ;;
     gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;
     attention_bench) step attention_bench timeout 150 $py bench/attention.py ;;
