@@ -5,7 +5,7 @@ varies with the anchor and the coordinate: stored whole, the fused head kernel l
 output element; as a [1, 3, 1, 1, 2] literal behind a broadcast, the load's index ignores the
 pixel and the kernel reads a vector per tile. A layernorm's scale and bias, which the importer
 broadcast to the input's lens (folded into a full literal when small), become their [K] rows
-again the same way. Runs after the last constant propagation, which would fold a small
+again the same way, and so do a batched product's weights repeated over its batch. Runs after the last constant propagation, which would fold a small
 broadcast of a literal back into a full one.
 """
 
@@ -37,11 +37,16 @@ class CompactLiterals:
         if not is_literal(ins) or ins.shape.elements < 2 or not users.get(ins):
             return False
         # only readers that take it element by element (pointwise ops, a layernorm's scale and
-        # bias): a weight or an index operand keeps its own layout
-        if not all(_elementwise(u, ins) for u in users[ins]):
-            return False
+        # bias), or a batched product's weights along their batch axes: a weight's own axes or
+        # an index operand keep their layout
+        allowed = set(range(ins.shape.ndim))
+        for u in users[ins]:
+            if _batched_weights(u, ins):
+                allowed &= set(range(ins.shape.ndim - 2))
+            elif not _elementwise(u, ins):
+                return False
         value = ins.op.value  # type: ignore[attr-defined]
-        axes = repeated_axes(value)
+        axes = [a for a in repeated_axes(value) if a in allowed]
         if not axes:
             return False
         small = value[tuple(slice(0, 1) if a in axes else slice(None) for a in range(value.ndim))]
@@ -56,3 +61,11 @@ def _elementwise(reader: Instruction, ins: Instruction) -> bool:
     if reader.op.kind == OpKind.POINTWISE:
         return True
     return all(k in reader.op.elementwise_inputs for k, x in enumerate(reader.inputs) if x is ins)
+
+
+def _batched_weights(reader: Instruction, ins: Instruction) -> bool:
+    """Whether `reader` is a batched matrix product reading `ins` as its B only: the same
+    weights repeated over the batch, kept as one [K, N] matrix behind a broadcast, let the
+    product treat the batches as rows of one product (`templates/gemm_spec.dot_spec`)."""
+    return (reader.op.kind == OpKind.ANCHOR and reader.op.k_is_last_axis and reader.inputs[-1] is ins
+            and all(x is not ins for x in reader.inputs[:-1]))

@@ -39,7 +39,7 @@ from typing import Hashable
 import numpy as np
 
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import OpKind, is_literal
+from fusegraph.ops.base import OpKind
 from fusegraph.ops.source import make_literal
 from fusegraph.ops.views import MultiBroadcast, Slice
 from fusegraph.passes.dead_code import DeadCodeElimination
@@ -76,7 +76,7 @@ def _family_key(ins: Instruction) -> Hashable | None:
     if ins.op.attrs.get("group", 1) != 1:
         return None  # grouped channels do not stack into one weight tensor
     w = _weights(ins)
-    if not is_literal(w):
+    if broadcast_literal(w) is None:
         return None
     lens = list(w.shape.lens)
     del lens[_weight_axis(ins)]
@@ -205,6 +205,26 @@ def _merged_constant(module: Module, siblings: list[_Sibling], member: int, oper
     return [lit, module.make(MultiBroadcast(lens), [lit], x.origin)]
 
 
+def _merged_weights(module: Module, group: list[_Sibling]) -> list[Instruction]:
+    """The siblings' weights stacked along their output channels: one literal, behind a
+    broadcast when each sibling's was one (a batched product's weights, kept as one matrix for
+    all batches by `compact_literals`)."""
+    a0 = group[0].anchor
+    axis = _weight_axis(a0)
+    values = [broadcast_literal(_weights(s.anchor)) for s in group]
+    lens = list(_weights(a0).shape.lens)
+    lens[axis] = sum(_weights(s.anchor).shape.lens[axis] for s in group)
+    whole = [_weights(s.anchor).shape.lens for s in group]
+    # the compact values stack only where each holds all its output channels and the rest agree
+    if (any(v.shape[axis] != w[axis] for v, w in zip(values, whole))  # type: ignore[union-attr]
+            or len({v.shape[:axis] + v.shape[axis + 1:] for v in values}) != 1):  # type: ignore[union-attr]
+        values = [np.broadcast_to(v, w) for v, w in zip(values, whole)]  # type: ignore[arg-type]
+    lit = make_literal(np.concatenate(values, axis=axis), origin=_weights(a0).origin)  # type: ignore[arg-type]
+    if list(lit.shape.lens) == lens:
+        return [lit]
+    return [lit, module.make(MultiBroadcast(lens), [lit], lit.origin)]
+
+
 def _merge(module: Module, group: list[_Sibling], signature: Hashable) -> None:
     """Replace the siblings' groups by one anchor with stacked weights and one epilogue; each
     sibling's output becomes a slice of the merged output."""
@@ -212,11 +232,10 @@ def _merge(module: Module, group: list[_Sibling], signature: Hashable) -> None:
     pos = {id(i): k for k, i in enumerate(module.instructions)}
     first = min((s.anchor for s in group), key=lambda a: pos[id(a)])
     a0 = group[0].anchor
-    weights = np.concatenate([_weights(s.anchor).op.value for s in group], axis=_weight_axis(a0))  # type: ignore[attr-defined]
-    w = make_literal(weights, origin=_weights(a0).origin)
+    added = _merged_weights(module, group)
     inputs = list(a0.inputs)
-    inputs[a0.op.weight_input] = w
-    added = [w, module.make(a0.op, inputs, a0.origin)]
+    inputs[a0.op.weight_input] = added[-1]
+    added.append(module.make(a0.op, inputs, a0.origin))
     merged = [added[-1]]
     for j, (op, refs) in enumerate(entries, start=1):
         args = []

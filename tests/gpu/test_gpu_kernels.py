@@ -178,6 +178,25 @@ def test_matmul(a, b, trans_b):
     check_gpu(m)
 
 
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("weights,grid", [
+    (True, [(2 * 3 * 7, "BM", None), (20, "BN", None), (1, None, "SPLIT")]),  # one B for all: batches are rows
+    (False, [(7, "BM", None), (20, "BN", None), (6, None, "SPLIT")]),  # a B per batch: the batch is gz
+])
+def test_batches_reading_one_weight_matrix_are_rows_of_one_product(fp16, weights, grid):
+    """A linear layer over [2, 3, 7, 9] rows (ConvNeXt's channels-last feature map, Swin's
+    windows): its weights [9, 20], broadcast over the batch, make one product of 42 rows; a
+    B of its own per batch keeps the batch as the grid's third axis."""
+    if weights:
+        m = make_model([node("MatMul", ["a", "w"], ["g"]), node("Add", ["g", "c"], ["y"])], {"a": [2, 3, 7, 9]}, ["y"],
+                       {"w": rand(9, 20, seed=1), "c": rand(20, seed=2)})
+    else:
+        m = make_model([node("MatMul", ["a", "b"], ["y"])], {"a": [2, 3, 7, 9], "b": [2, 3, 9, 20]}, ["y"])
+    c = check_gpu(m, tolerance=3e-3 if fp16 else TOL, fp16=fp16)
+    (k,) = c.kernels
+    assert k.src.grid_dims == grid
+
+
 def test_gemm_reshape_transpose_softmax():
     m = make_model([node("MatMul", ["x", "w"], ["g"]), node("Reshape", ["g", "shape"], ["r"]),
                     node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3]), node("Softmax", ["t"], ["y"], axis=-1)],

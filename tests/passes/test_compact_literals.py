@@ -83,3 +83,19 @@ def test_layernorm_scale_and_bias_become_rows_again():
     np.testing.assert_array_equal(rows[1].op.value[0], beta)
     inputs = random_inputs(plain.input_shapes, seed=3)
     assert rel_err(api.run(program, inputs)["y"], api.run(plain, inputs)["y"]) == 0.0
+
+
+def test_batched_weights_repeated_over_the_batch_become_one_matrix():
+    """MatMul([2, 3, 7, 9], W [9, 20]): the importer broadcasts W to [2, 3, 9, 20] and, small,
+    folds it into a full literal; compaction keeps one [1, 1, 9, 20] matrix behind a broadcast
+    (so the product's batches become rows of one product). Weights whose rows happen to repeat
+    keep their K and N axes: only the batch axes compact."""
+    w = rand(9, 20, seed=1)
+    w[3] = w[0]  # a repeated row is not a batch axis
+    model = make_model([helper.make_node("MatMul", ["a", "w"], ["y"])], {"a": [2, 3, 7, 9]}, ["y"], {"w": w})
+    program = parse_onnx(model)
+    run_passes(program, canonicalize_passes())
+    (lit,) = [x for x in literals(program) if x.shape.elements > 1]
+    assert list(lit.shape.lens) == [1, 1, 9, 20]
+    x = random_inputs(program.input_shapes, seed=5)
+    assert rel_err(api.run(program, x)["y"], api.run(parse_onnx(model), x)["y"]) < 1e-6

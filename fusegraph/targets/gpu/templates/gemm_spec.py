@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, subexpressions, substitute
+from fusegraph.ir.index_expr import Expr, FloorDiv, Mod, free_vars, subexpressions, substitute
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.anchors import Convolution, ConvTranspose, Dot
@@ -134,13 +134,33 @@ def conv_transpose_spec(conv: Instruction) -> GemmSpec:
 
 @spec_of(Dot)
 def dot_spec(dot: Instruction) -> GemmSpec:
+    """A batched product's batch index is the grid's `gz`, unless every batch reads the same B
+    (a linear layer over [N, H, W, C] or [windows, tokens, C] rows, its weights broadcast):
+    then the batches are rows of one product, M = batches x rows. Per batch, a 7x7 feature
+    map's product would be 7 rows in tiles of 16 to 128, and each batch would read all of the
+    weights again."""
     a, b = dot.inputs
     *batch, M, K = a.shape.lens
     N = b.shape.lens[-1]
     nb = math.prod(batch)
-    rm, rn, rk, bz = var("rm", M), var("rn", N), var("rk", K), var("gz", nb)
+    rn, rk = var("rn", N), var("rk", K)
+    if nb > 1 and _same_for_every_batch(b, len(batch)):
+        rows = delinearize(var("rm", nb * M), [*batch, M])
+        return GemmSpec(nb * M, N, K, 1, (*rows, rk), (*rows[:-1], rk, rn), (*rows, rn), [])
+    rm, bz = var("rm", M), var("gz", nb)
     bi = delinearize(bz, batch) if batch else ()
     return GemmSpec(M, N, K, nb, (*bi, rm, rk), (*bi, rk, rn), (*bi, rm, rn), [])
+
+
+def _same_for_every_batch(b: Instruction, batch_axes: int) -> bool:
+    """Whether operand `b` (a load) reads the same element at every index of its first
+    `batch_axes` axes: a broadcast of weights over the batch."""
+    if not is_load(b):
+        return False
+    m = b.op.attrs["map"]
+    batch_vars = set(m.out_vars[:batch_axes])
+    return not any(batch_vars & free_vars(e) for e in m.exprs) and not any(
+        batch_vars & free_vars(e) for e, _, _ in b.op.attrs["domain"])
 
 
 def channel_period(module: Module, anchor: Instruction, spec: GemmSpec) -> int:
