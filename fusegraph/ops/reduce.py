@@ -243,16 +243,12 @@ class SegmentLayerNorm(Op):
         return x.as_standard()
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
-        x = args[0]
-        lens = list(x.shape)
-        runs = x.astype(np.float64).reshape(lens[:self.axis] + [lens[self.axis] // self.length, self.length]
-                                            + lens[self.axis + 1:])
-        mean = runs.mean(axis=self.axis + 1, keepdims=True) if self.center else 0.0
-        var = ((runs - mean) ** 2).mean(axis=self.axis + 1, keepdims=True)
-        y = ((runs - mean) / np.sqrt(var + self.epsilon)).reshape(lens)
-        if len(args) == 3:
-            y = y * args[1].astype(np.float64) + args[2].astype(np.float64)
-        return y.astype(x.dtype)
+        """The layernorm (or RMS norm) of each run, with the run as the last axis."""
+        lens = list(args[0].shape)
+        runs = lens[:self.axis] + [lens[self.axis] // self.length, self.length] + lens[self.axis + 1:]
+        moved = [np.moveaxis(a.reshape(runs), self.axis + 1, -1) for a in args]
+        norm = (LayerNorm if self.center else RMSNorm)(len(runs) - 1, self.epsilon)
+        return np.moveaxis(norm.reference(moved), -1, self.axis + 1).reshape(lens)
 
 
 @register

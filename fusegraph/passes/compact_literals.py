@@ -5,8 +5,9 @@ varies with the anchor and the coordinate: stored whole, the fused head kernel l
 output element; as a [1, 3, 1, 1, 2] literal behind a broadcast, the load's index ignores the
 pixel and the kernel reads a vector per tile. A layernorm's scale and bias, which the importer
 broadcast to the input's lens (folded into a full literal when small), become their [K] rows
-again the same way, and so do a batched product's weights repeated over its batch. Runs after the last constant propagation, which would fold a small
-broadcast of a literal back into a full one.
+again the same way, and so do a batched product's weights repeated over its batch. Runs after
+the last constant propagation, which would fold a small broadcast of a literal back into a
+full one.
 """
 
 from __future__ import annotations
@@ -67,5 +68,7 @@ def _batched_weights(reader: Instruction, ins: Instruction) -> bool:
     """Whether `reader` is a batched matrix product reading `ins` as its B only: the same
     weights repeated over the batch, kept as one [K, N] matrix behind a broadcast, let the
     product treat the batches as rows of one product (`templates/gemm_spec.dot_spec`)."""
-    return (reader.op.kind == OpKind.ANCHOR and reader.op.k_is_last_axis and reader.inputs[-1] is ins
-            and all(x is not ins for x in reader.inputs[:-1]))
+    op = reader.op
+    if op.kind != OpKind.ANCHOR or not op.k_is_last_axis or op.weight_input is None:
+        return False
+    return all((x is ins) == (k == op.weight_input) for k, x in enumerate(reader.inputs))

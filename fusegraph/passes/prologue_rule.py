@@ -18,12 +18,12 @@ own that writes a tensor the anchor then reads back. The rule, per producer P of
   (a view such as a nearest resize, or a program input or constant): the kernel selects between
   the parts by the index range (`Select`). A concat of kernel outputs only stays: its parts
   are written in place into one buffer already, at no cost, and a select would only add masks.
-* P is a layernorm (or an RMS norm) over the last axis (of one input, its affine folded into the weights by
-  `fold_norm_affine`, or of three: x and gamma, beta broadcast to it), read by this product
-  along that axis (its K) with each row whole: the kernel computes the row statistics and
-  normalizes, the affine applied (`templates/gemm_prologue.py`: in the k loop and after the
-  product, or in a loop of their own before it). When every other reader is a product reading its rows
-  the same way, each computes it and nothing stores it. Otherwise (a residual add reads it,
+* P is a layernorm (or an RMS norm) over the last axis (of one input, its affine folded into
+  the weights by `fold_norm_affine`, or of three: x and gamma, beta broadcast to it), read by
+  this product along that axis (its K) with each row whole: the kernel computes the row
+  statistics and normalizes, the affine applied (`templates/gemm_prologue.py`: in the k loop
+  and after the product, or in a loop of their own before it). When every other reader is a
+  product reading its rows the same way, each computes it and nothing stores it. Otherwise (a residual add reads it,
   as in BERT's post-norm layers, or it is returned) the first product in program order that
   reads it as A through a bijective map (`FuseAnchors` visits anchors in that order) computes
   it and also stores it, whole, as a further output of its group (`stored`): its other

@@ -81,10 +81,11 @@ def emit_row_stores(w: KernelWriter, stores: list[Instruction], tile: Tile, inde
 def deferrable(module: Module, anchor: Instruction, norms: list[Instruction]) -> bool:
     """Whether the product may normalize after the k loop (`RowStatistics`, deferred): its A is
     the one prologue layernorm itself, without an affine and read by nothing else in the group
-    (a stored norm is stored as the k loop normalizes it), and its B a plain load (the weights, whose column sums the kernel takes with the same tiles)."""
-    if len(norms) != 1 or anchor.inputs[0] is not norms[0] or len(norms[0].inputs) != 1 or not is_load(anchor.inputs[1]):
+    (a stored norm is stored as the k loop normalizes it), and its B a plain load (the
+    weights, whose column sums the kernel takes with the same tiles)."""
+    if len(norms) != 1 or anchor.inputs[0] is not norms[0] or len(norms[0].inputs) != 1:
         return False
-    return all(u is anchor for u in module.users().get(norms[0], []))
+    return is_load(anchor.inputs[1]) and all(u is anchor for u in module.users().get(norms[0], []))
 
 
 class RowStatistics:

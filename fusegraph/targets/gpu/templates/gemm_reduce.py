@@ -70,8 +70,9 @@ def emit_segment_reduce(w: KernelWriter, ins: Instruction, tile: Tile, index: In
 def emit_segment_layernorm(w: KernelWriter, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...],
                            width: str) -> str:
     """The layernorm (or RMS norm) of `ins`'s input over each row of the [BM, width] tile (one
-    run): mean and variance (the mean square) in float32 over the valid columns (two passes over the row held in registers, no
-    `E[x^2] - E[x]^2` cancellation), then the affine when scale and bias are inputs."""
+    run): mean and variance (the mean square) in float32 over the valid columns, two passes
+    over the row held in registers (no `E[x^2] - E[x]^2` cancellation), then the affine when
+    scale and bias are inputs."""
     a = ins.op.attrs
     x = w.let(f"tl.broadcast_to({w.value(ins.inputs[0], tile, index, mask)}, [BM, {width}]).to(tl.float32)")
     cols = tile.bounds.get("rn")
