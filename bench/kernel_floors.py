@@ -50,8 +50,8 @@ def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, int, 
         params = list(module.params.values())
         read = {id(x) for i in module for x in i.inputs if i.op.name == "load"}
         nbytes = sum(x.shape.elements * x.shape.dtype.itemsize for p, x in zip(params, ins.inputs) if id(p) in read)
-        (ret,) = module.returns
-        stored = math.prod(ret.op.attrs["map"].out_lens) * ret.shape.dtype.itemsize
+        # a multi-output group stores each of its returns
+        stored = sum(math.prod(r.op.attrs["map"].out_lens) * r.shape.dtype.itemsize for r in module.returns)
         special = sum(SPECIAL_OPS.get(i.op.name, 0) * i.shape.elements for i in module)
         shape = "x".join(map(str, ins.shape.lens))
         out[f"@{pos}"] = (ins.op.attrs["kernel"], nbytes + stored, src.flops, special, shape, src.template)

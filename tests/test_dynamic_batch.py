@@ -163,7 +163,7 @@ def test_device_tensors_run_without_the_host_and_give_new_tensors() -> None:
     want = dynamic.run(x, output_dtypes={"out": np.float32})["out"]
     got = dynamic.run_on_device({k: torch.from_numpy(v) for k, v in x.items()}, output_dtypes={"out": np.float32})["out"]
     assert got.dtype == torch.float32 and tuple(got.shape) == (3, 4, 8, 8)
-    assert np.array_equal(got.numpy(), want)
+    assert np.array_equal(got.cpu().numpy(), want)
     again = dynamic.run_on_device({k: torch.from_numpy(v) for k, v in x.items()})["out"]
     assert again.dtype == torch.float16 and again.data_ptr() != got.data_ptr()
     with pytest.raises(InputError, match="'y'"):

@@ -165,6 +165,22 @@ def test_detection_head_in_column_pieces():
     _run_configs(program, compiled, tried, np.random.default_rng())
 
 
+def test_a_tiny_product_times_two_candidates_and_a_larger_one_six():
+    """The tuning cost rule of gemm_configs: under TINY_FLOPS (an SE block's 1x1 convs on a pooled
+    vector) any tile takes the launch's time, so the default tune builds two candidates."""
+    from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS
+    from fusegraph.targets.gpu.templates.gemm_configs import TINY_FLOPS, TINY_TUNE
+
+    def tried(m: int, k: int, n: int) -> int:
+        model = make_model([node("MatMul", ["a", "b"], ["y"])], {"a": [m, k]}, ["y"], {"b": rand(k, n, seed=1)})
+        (kernel,) = api.compile(parse_onnx(model), "gpu", tune=False).kernels
+        assert (kernel.src.flops < TINY_FLOPS) == (m * k * n * 2 < TINY_FLOPS)
+        return len(kernel.src.configs[:kernel.src.default_tune or DEFAULT_TUNE_CONFIGS])
+
+    assert tried(1, 1152, 48) == TINY_TUNE
+    assert tried(64, 256, 128) == DEFAULT_TUNE_CONFIGS
+
+
 @pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0),
                                          ([5, 1], [1, 3], 0), ([2, 4, 8, 1], [2, 4, 1, 8], 0)])
 def test_matmul(a, b, trans_b):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fusegraph import api, parse_onnx
-from fusegraph.driver.inputs import random_inputs
+from fusegraph.driver.inputs import input_ranges, random_inputs
 from tests.helpers import has_gpu, rel_err
 
 # fast enough under the interpreter for every CI run; the rest on a GPU or with FUSEGRAPH_SLOW_TESTS=1
@@ -22,6 +22,10 @@ RUN_SLOW = has_gpu() or os.environ.get("FUSEGRAPH_SLOW_TESTS") == "1"
 QUICK = ["yolov5s-160"]
 SLOW = ["yolov5s-bn-160", "light_squeezenet", "light_inception_v1", "light_shufflenet", "light_resnet50", "light_densenet121", "light_bvlc_alexnet",
         "light_zfnet512", "light_vgg19", "light_inception_v2"]
+# the models exported from their libraries' own definitions: every fusion rule they meet (prologue
+# and stored norms, epilogue layernorms, sunk concats, attention, folded batches) on real shapes
+EXPORTED = ["resnet18", "mobilenet_v3_large", "convnext_tiny", "efficientnet_b1", "yolov8s", "unet_small",
+            "vit_small_patch16_224", "swin_tiny_patch4_window7_224", "bert_base", "gpt2_2layer"]
 
 
 def _check(name: str, fp16: bool = False, tune: bool = False) -> None:
@@ -30,7 +34,7 @@ def _check(name: str, fp16: bool = False, tune: bool = False) -> None:
     programs ran (split-k included)."""
     program = parse_onnx(name)
     compiled = api.compile(program, "gpu", tune=tune, fp16=fp16)
-    inputs = random_inputs(program.input_shapes, seed=11)
+    inputs = random_inputs(program.input_shapes, seed=11, ranges=input_ranges(program))
     want = api.run(program, inputs)
     runs = []
     for _ in range(2):
@@ -53,6 +57,13 @@ def test_zoo_model_on_gpu_target(name: str) -> None:
 @pytest.mark.skipif(not RUN_SLOW, reason="minutes under the interpreter: runs on a GPU or with FUSEGRAPH_SLOW_TESTS=1")
 @pytest.mark.parametrize("name", SLOW)
 def test_zoo_model_on_gpu_target_slow(name: str) -> None:
+    _check(name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_gpu(), reason="too large for the interpreter: runs on a GPU")
+@pytest.mark.parametrize("name", EXPORTED)
+def test_exported_zoo_model_on_gpu_target(name: str) -> None:
     _check(name)
 
 

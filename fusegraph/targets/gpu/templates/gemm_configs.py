@@ -33,6 +33,12 @@ PROGRAMS_PER_SM = 2
 MANY_TILES = 400
 LARGE_FIRST = [(128, 256, 64, 8, 3), (64, 128, 32, 4, 4), (128, 64, 64, 4, 3), (64, 64, 32, 4, 3), (128, 128, 64, 4, 3)]
 
+# A product of fewer FLOPs than this (an SE block's two 1x1 convs on a pooled vector) takes the
+# launch's few microseconds under any tile: its default tune builds and times TINY_TUNE
+# candidates instead of six, a fifth of EfficientNet-B1's builds.
+TINY_FLOPS = 1 << 21
+TINY_TUNE = 2
+
 # (BM, BN, BK, warps, stages) in the order the batch-1 timings ranked them
 SHAPES = [(64, 128, 64, 4, 3), (32, 64, 64, 4, 4), (64, 64, 64, 4, 2), (64, 32, 64, 4, 4), (64, 64, 64, 4, 4),
           (128, 128, 32, 8, 3), (32, 32, 64, 2, 4), (128, 64, 64, 4, 3), (64, 128, 32, 4, 4),
@@ -69,12 +75,17 @@ def gemm_configs(spec: GemmSpec, dtype: DType, tile: int, pieces: bool) -> tuple
     configs = _fitting(configs, dtype.itemsize)
     # a head times one candidate more than other kernels: its four period candidates come ahead
     # of the general list, of which it then still times three
-    default_tune = DEFAULT_TUNE_CONFIGS + 1 if tile else 0
+    default_tune = DEFAULT_TUNE_CONFIGS + 1 if tile else TINY_TUNE if spec_flops(spec) < TINY_FLOPS else 0
     if pieces:  # each default candidate without split-k is also tried in pieces, right after itself
         first = [t for c in configs[:default_tune]
                  for t in [{**c, "PIECES": 0}] + ([{**c, "PIECES": 1}] if c["SPLIT"] == 1 else [])]
         configs, default_tune = first + [{**c, "PIECES": 0} for c in configs[default_tune:]], len(first)
     return configs, default_tune
+
+
+def spec_flops(spec: GemmSpec) -> int:
+    """Multiply-adds of the product, counted twice."""
+    return 2 * spec.m * spec.n * spec.k * spec.batch
 
 
 def _fitting(configs: list[Config], itemsize: int) -> list[Config]:
