@@ -11,7 +11,7 @@ from __future__ import annotations
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import KernelInputs
-from fusegraph.targets.gpu.templates.gemm_configs import gemm_configs, spec_flops
+from fusegraph.targets.gpu.templates.gemm_configs import gemm_configs
 from fusegraph.targets.gpu.templates.gemm_emit import GemmEmitter
 from fusegraph.targets.gpu.templates.gemm_reduce import run_length
 from fusegraph.targets.gpu.templates.gemm_spec import channel_period, gemm_spec, split_by_period
@@ -38,5 +38,5 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     n_grid: tuple[int, str | None, str | None] = (spec.n // period, None, None) if period else (spec.n, "BN", None)
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(spec.m, "BM", None), n_grid, (spec.batch, None, "SPLIT")],
-                        flops=spec_flops(spec), default_tune=default_tune,
+                        flops=spec.flops, default_tune=default_tune,
                         pixel_sums=emitter.pixel_sums)

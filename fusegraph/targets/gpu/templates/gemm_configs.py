@@ -75,17 +75,12 @@ def gemm_configs(spec: GemmSpec, dtype: DType, tile: int, pieces: bool) -> tuple
     configs = _fitting(configs, dtype.itemsize)
     # a head times one candidate more than other kernels: its four period candidates come ahead
     # of the general list, of which it then still times three
-    default_tune = DEFAULT_TUNE_CONFIGS + 1 if tile else TINY_TUNE if spec_flops(spec) < TINY_FLOPS else 0
+    default_tune = DEFAULT_TUNE_CONFIGS + 1 if tile else TINY_TUNE if spec.flops < TINY_FLOPS else 0
     if pieces:  # each default candidate without split-k is also tried in pieces, right after itself
         first = [t for c in configs[:default_tune]
                  for t in [{**c, "PIECES": 0}] + ([{**c, "PIECES": 1}] if c["SPLIT"] == 1 else [])]
         configs, default_tune = first + [{**c, "PIECES": 0} for c in configs[default_tune:]], len(first)
     return configs, default_tune
-
-
-def spec_flops(spec: GemmSpec) -> int:
-    """Multiply-adds of the product, counted twice."""
-    return 2 * spec.m * spec.n * spec.k * spec.batch
 
 
 def _fitting(configs: list[Config], itemsize: int) -> list[Config]:

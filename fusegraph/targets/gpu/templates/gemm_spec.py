@@ -39,6 +39,12 @@ class GemmSpec:
     taps: int = 0  # > 0: the k loop walks (tap, channel chunk) with channels `rk` of extent k // taps
     channel_groups: int = 1  # > 1: the batch index `gz` picks a group of output channels
 
+    @property
+    def flops(self) -> int:
+        """Multiply-adds of the product, counted twice: the cost its config policy and the
+        benchmarks' floors weigh."""
+        return 2 * self.m * self.n * self.k * self.batch
+
 
 SpecBuilder = Callable[[Instruction], GemmSpec]
 SPECS: dict[type[Op], SpecBuilder] = {}
