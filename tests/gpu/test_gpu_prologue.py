@@ -163,3 +163,22 @@ def test_rms_norm_then_matmul_is_one_kernel_under_split_and_unsplit_configs(fp16
         compiled.poison()
         got = compiled.run({"x": x})["y"]
         assert rel_err(got, api.run(program, {"x": x})["y"]) < (FP16_TOL if fp16 else 1e-4), config
+
+
+def test_a_computed_operand_is_loaded_a_chunk_ahead():
+    """A prologue's loads are issued for the next k chunk while the current one is multiplied
+    (gemm_emit `_prefetch_loads`): the first chunk before the loop, the following one inside it,
+    the prefetched values used by the product. A raw A operand (pipelined by Triton) and a
+    convolution's taps are read in place."""
+    rms = api.compile(parse_onnx(rms_model(37, 520, shift=3.0)), "gpu", tune=False).kernels[0].src.source
+    head, loop = rms.split("for k0 in range(", 1)
+    assert "rk_ahead = pid_k * BK + tl.arange(0, BK)" in head and "rk_ahead = rk + BK * SPLIT" in loop
+    prefetched = [line.split("=")[0].strip() for line in loop.splitlines() if line.strip().startswith("pf")]
+    assert prefetched and all(f"({name} +" in loop or f" {name})" in loop for name in prefetched)
+    plain = make_model([node("MatMul", ["x", "w"], ["y"])], {"x": [1, 37, 520]}, ["y"], {"w": rand(520, 40, seed=1)})
+    se = make_model([node("Sigmoid", ["s"], ["g"]), node("Mul", ["x", "g"], ["xs"]),
+                     node("Conv", ["xs", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                    {"x": [1, 16, 5, 6], "s": [1, 16, 1, 1]}, ["y"], {"w": rand(24, 16, 3, 3, seed=1, scale=0.3)})
+    for model in (plain, se):
+        (kernel,) = api.compile(parse_onnx(model), "gpu", tune=False).kernels
+        assert "rk_ahead" not in kernel.src.source

@@ -28,6 +28,8 @@ def test_post_norm_block(returned, fp16):
     assert [first.src.template, second.src.template] == ["gemm", "gemm"]
     assert "if pid_n == 0:" in first.src.body and "out1" in first.src.args
     assert "if pid_n == 0:" not in second.src.body
+    # normalized after the product without split-k, the rows stored from the final statistics
+    assert "ln_wsum" in first.src.body and "for k1 in range(pid_n * BK, 48, BK * tl.num_programs(1)):" in first.src.body
 
 
 def _run_configs(program, compiled, configs: list[dict], seed: int) -> None:
@@ -49,14 +51,18 @@ def _run_configs(program, compiled, configs: list[dict], seed: int) -> None:
 def test_post_norm_block_under_split_k_and_every_default_config():
     """K = 520: eight or more chunks of 64, so the configs split k (each split stores the
     chunks it walks, which together cover the row once), the last chunk ragged; 37 rows,
-    two column blocks of the first product (only the first stores). The stored rows are
-    returned, so they are checked directly."""
+    two column blocks of the first product (only the first stores). Without split-k the
+    product normalizes after its k loop and both column blocks store the rows, alternate
+    chunks each. The stored rows are returned, so they are checked directly."""
     program = parse_onnx(post_norm_block(m=37, k=520, h=40, returned=True))
     compiled = api.compile(program, "gpu", tune=False)
     configs = compiled.kernels[0].src.configs
     narrow = [c for c in configs if c["SPLIT"] > 1 and c["BN"] < 40]  # split k, two column blocks
     assert {c["SPLIT"] for c in narrow} >= {2, 4}, configs
-    chosen = configs[:3] + narrow + [c for c in configs if c["BK"] == 32][:1]
+    unsplit = [c for c in configs if c["SPLIT"] == 1]
+    two_blocks = [c for c in unsplit if c["BN"] < 40]
+    assert two_blocks and "ln_wsum" in compiled.kernels[0].src.body
+    chosen = configs[:3] + narrow + unsplit[:2] + two_blocks[:2] + [c for c in configs if c["BK"] == 32][:1]
     _run_configs(program, compiled, chosen, seed=7)
 
 
@@ -92,3 +98,17 @@ def test_rows_stored_through_a_transpose_of_the_leading_axes(fp16):
                        {"g": rand(64, seed=1), "bt": rand(64, seed=2), "w": rand(64, 8, seed=3, scale=0.3)})
     compiled = check_gpu(model, tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
     assert [k.src.kernel_name for k in compiled.kernels] == ["layernorm_dot", "relu"]
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_epilogue_reading_the_normalized_rows_keeps_the_statistics_loop(fp16):
+    """y = LN(x) @ W + LN(x) with W square: the epilogue's residual reads the layernorm at the
+    output index, which a product normalized after its k loop would not have yet, so the kernel
+    normalizes before the product (`deferrable`); with the epilogue reading x instead it defers."""
+    literals = {"g": 1 + rand(48, seed=1, scale=0.1), "bt": rand(48, seed=2, scale=0.1), "w": rand(48, 48, seed=3, scale=0.2)}
+    for residual, deferred in (("t", False), ("x", True)):
+        model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y0"]),
+                            node("Add", ["y0", residual], ["y"])], {"x": [1, 9, 48]}, ["y", "t"], literals)
+        compiled = check_gpu(model, tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+        (kernel,) = compiled.kernels
+        assert ("ln_wsum" in kernel.src.body) == deferred, residual

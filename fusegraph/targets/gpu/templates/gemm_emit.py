@@ -85,8 +85,8 @@ class GemmEmitter:
         self.a_masked = self.a_plain and any(v.name == "rk" for x in spec.a_index for v in free_vars(x))
         self.norms = prologue_norms(module, anchor)
         # normalizing after the product: not for float64's summed products nor tf32's rounded rows
-        self.defer_norm = deferrable(module, anchor, self.norms) and not allow_tf32 and dtype != DType.float64
-        self.row_stores = row_stores(module, anchor)  # stored in the k loop, at the A index
+        self.defer_norm = deferrable(module, anchor, self.norms, spec.a_index) and not allow_tf32 and dtype != DType.float64
+        self.row_stores = row_stores(module, anchor)  # at the A index: in the k loop, or after a deferred product
         self.m_bound = f"(rm[:, None] < {spec.m})"
         self.acc_t = "tl.float64" if dtype == DType.float64 else "tl.float32"
         self.operand = TRITON_TYPES[dtype]
@@ -155,9 +155,11 @@ class GemmEmitter:
         w, spec = self.w, self.spec
         for b in blocks:
             w.emit(f"{b.acc} = tl.zeros([BM, {b.width}], dtype={self.acc_t})")
+        ahead = self._prefetch_loads()
         with w.block(f"for k0 in range(pid_k * BK, {spec.k}, BK * SPLIT):"):
             k_bounds = self._k_chunk()
-            a_tile = self._a_tile(k_bounds[0])
+            following = self._load_ahead(ahead, "rk + BK * SPLIT")
+            a_tile = self._a_tile(k_bounds[0], ahead)
             for b in blocks:
                 b_tile = self._b_tile(b, k_bounds[1])
                 if self.dtype == DType.float64:  # no float64 tensor-core dot on every GPU Triton targets: exact products, summed
@@ -165,7 +167,9 @@ class GemmEmitter:
                 else:
                     w.emit(f"{b.acc} = tl.dot({a_tile}, {b_tile}, {b.acc}{self.precision})")
                     self.stats.column_sums(b_tile, self.operand, self.precision)
-        self.stats.finish(blocks[0].acc)
+            for name, nxt in zip(ahead.values(), following):
+                w.emit(f"{name} = {nxt}")
+        self.stats.finish(blocks[0].acc, self.m_bound, self.row_stores)
         if split:
             split_k_fixup(w)
         else:
@@ -185,12 +189,48 @@ class GemmEmitter:
         w.emit(f"rk = tl.multiple_of(k0 % {channels}, BK) + tl.arange(0, BK)")
         return None, None
 
-    def _a_tile(self, k_bound: str | None) -> str:
+    def _prefetch_loads(self) -> dict[int, str]:
+        """A computed A operand's loads (the rows a prologue scales or normalizes), read one chunk
+        ahead: before the k loop the first chunk's, in each iteration the next chunk's, so their
+        latency overlaps the current chunk's arithmetic and product. Triton pipelines a raw
+        operand's loads itself, but not loads whose values pass through arithmetic on their way
+        to the product; without this a batch-1 layernorm prologue waited out a load from memory
+        in every iteration. Returns the variable holding each load's chunk, by instruction (none
+        for a raw A, a convolution's taps or padding, or float64)."""
+        spec = self.spec
+        if self.a_plain or spec.taps or spec.a_valid or self.dtype == DType.float64:
+            return {}
+        stack, seen = [self.a_in], set()
+        while stack:
+            x = stack.pop()
+            if id(x) not in seen and x is not self.anchor:
+                seen.add(id(x))
+                stack.extend(x.inputs)
+        loads = [x for x in self.module if id(x) in seen and is_load(x) and id(x) not in self.w.raw_loads]
+        ahead = {id(ld): self.w.fresh("pf") for ld in loads}
+        for name, value in zip(ahead.values(), self._load_ahead(ahead, "pid_k * BK + tl.arange(0, BK)")):
+            self.w.emit(f"{name} = {value}")
+        return ahead
+
+    def _load_ahead(self, ahead: dict[int, str], start: str) -> list[str]:
+        """The prefetched loads of the chunk whose columns are `start`, in `ahead`'s order."""
+        if not ahead:
+            return []
+        w, k = self.w, self.spec.k
+        w.emit(f"rk_ahead = {start}")
+        tile = Tile({"rm": "rm[:, None]", "rk": "rk_ahead[None, :]", "gz": "gz"},
+                    {"rm": self.m_bound, "rk": f"(rk_ahead[None, :] < {k})"})
+        by_id = {id(x): x for x in self.module}
+        return [w.value(by_id[i], tile, self.spec.a_index) for i in ahead]
+
+    def _a_tile(self, k_bound: str | None, ahead: dict[int, str]) -> str:
         w, spec = self.w, self.spec
         ta = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz", "tap": "tap"}, {"rm": self.m_bound, "rk": k_bound})
+        for i, name in ahead.items():  # read a chunk ahead (no padding conditions: the key's mask is empty)
+            ta.memo[(i, spec.a_index, ())] = name
         conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
         av = w.value(self.a_in, ta, spec.a_index, tuple(conds))
-        emit_row_stores(w, self.row_stores, ta, spec.a_index)
+        emit_row_stores(w, self.row_stores, ta, spec.a_index, self.stats.deferred)
         if conds and not self.a_plain:  # a computed prologue is zero in the padding too
             av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
         if not spec.taps and not self.a_masked:  # lanes past k must add nothing, also where A's index ignores k

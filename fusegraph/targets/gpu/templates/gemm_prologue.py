@@ -12,11 +12,12 @@ the [K] vectors behind their broadcasts, one [1, BK] load per chunk; `fold_norm_
 moved a constant affine into the weights wherever only products read the layernorm).
 
 When other readers need the normalized rows, the group also stores them (a further output
-whose value is computed from the inputs, not from the product: `row_stores`). The k loop's
-normalized A tile is that value at the A index, so the programs of the first column block
-(`pid_n == 0`) store it as they load it: with split-k each program walks its own k chunks
-and the splits together cover K, so every element is written exactly once, in the output's
-type, with no second pass over the rows.
+whose value is computed from the inputs, not from the product: `row_stores`). Where the k loop
+normalizes the A tile as it loads it, that tile is the stored value at the A index, so the
+programs of the first column block (`pid_n == 0`) store it as they load it: with split-k each
+program walks its own k chunks and the splits together cover K, so every element is written
+exactly once, in the output's type. Where the normalization waits until after the product,
+the rows are stored after it too, each column block storing its share of the chunks.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
+from fusegraph.ir.index_expr import free_vars
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import is_load, is_select
+from fusegraph.ops.base import OpKind, is_load, is_select
 from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile
 
 
@@ -55,37 +57,56 @@ def row_stores(module: Module, anchor: Instruction) -> list[Instruction]:
     return [r for r in module.returns[1:] if not _reaches(r, anchor)]
 
 
-def _reaches(ins: Instruction, target: Instruction) -> bool:
-    """Whether `ins` is `target` or computed from it."""
+def _reaches(ins: Instruction, target: Instruction, avoiding: Instruction | None = None) -> bool:
+    """Whether `ins` is `target` or computed from it (other than through `avoiding`)."""
     stack, seen = [ins], set()
     while stack:
         x = stack.pop()
         if x is target:
             return True
-        if id(x) not in seen:
+        if id(x) not in seen and x is not avoiding:
             seen.add(id(x))
             stack.extend(x.inputs)
     return False
 
 
-def emit_row_stores(w: KernelWriter, stores: list[Instruction], tile: Tile, index: Index) -> None:
+def emit_row_stores(w: KernelWriter, stores: list[Instruction], tile: Tile, index: Index, deferred: bool) -> None:
     """Inside the k loop, after the A tile: the first column block's programs store the
-    prologue's values at the chunk's rows and columns (masked by the tile's bounds)."""
+    prologue's values at the chunk's rows and columns (masked by the tile's bounds). A deferred
+    kernel's tile holds normalized rows only under split-k (`RowStatistics.finish` stores them
+    otherwise)."""
     if not stores:
         return
-    with w.block("if pid_n == 0:"):
-        for ret in stores:
-            w.store(ret, tile, index)
+    with w.block("if SPLIT > 1:") if deferred else nullcontext():
+        with w.block("if pid_n == 0:"):
+            for ret in stores:
+                w.store(ret, tile, index)
 
 
-def deferrable(module: Module, anchor: Instruction, norms: list[Instruction]) -> bool:
+def deferrable(module: Module, anchor: Instruction, norms: list[Instruction], a_index: Index) -> bool:
     """Whether the product may normalize after the k loop (`RowStatistics`, deferred): its A is
-    the one prologue layernorm itself, without an affine and read by nothing else in the group
-    (a stored norm is stored as the k loop normalizes it), and its B a plain load (the
-    weights, whose column sums the kernel takes with the same tiles)."""
-    if len(norms) != 1 or anchor.inputs[0] is not norms[0] or len(norms[0].inputs) != 1:
+    the one prologue layernorm itself, with an affine that is the same for every row (gamma and
+    beta enter the correction as their products with W), its B a plain load (the weights, whose
+    weighted column sums the kernel takes with the same tiles), and the layernorm reaches the
+    group's other outputs only through the product or as stored rows (an epilogue reading the
+    normalized value would need it before the correction)."""
+    if len(norms) != 1 or anchor.inputs[0] is not norms[0] or not is_load(anchor.inputs[1]):
         return False
-    return is_load(anchor.inputs[1]) and all(u is anchor for u in module.users().get(norms[0], []))
+    ln = norms[0]
+    stored = row_stores(module, anchor)
+    if any(_reaches(r, ln, avoiding=anchor) for r in module.returns if r not in stored):
+        return False
+    return all(_row_free(p, a_index) for p in ln.inputs[1:])
+
+
+def _row_free(ins: Instruction, index: Index) -> bool:
+    """Whether `ins` at the A index reads only loads whose addresses and domains ignore the row
+    (`rm`): a layernorm's gamma or beta broadcast over the rows."""
+    if is_load(ins):
+        m = ins.op.attrs["map"]
+        exprs = list(m.apply(index, check=False)) + [x for x, _, _ in KernelWriter.domain_ranges(ins, index)]
+        return not any(v.name == "rm" for e in exprs for v in free_vars(e))
+    return ins.op.kind == OpKind.POINTWISE and all(_row_free(x, index) for x in ins.inputs)
 
 
 class RowStatistics:
@@ -94,21 +115,25 @@ class RowStatistics:
     Normalizing the A tile as it loads needs each row's statistics before the first product:
     a loop of their own over the row's K chunks, K/BK dependent loads before the k loop starts
     (`emit`). Deferred, for one layernorm that alone is A, the normalization moves past the
-    product instead: with c any per-row shift,
-    dot((x - mean) * rstd, W) = rstd * (dot(x - c, W) - (mean - c) * colsum(W)),
-    so the k loop multiplies the shifted rows, folds each chunk it loaded into the rows'
-    statistics and takes W's column sums with a second, 16-row product of ones
-    (`column_sums`); after the loop the accumulator is corrected in float32 (`finish`). One
-    pass over A and no loop before the product. The shift is each row's first chunk's mean:
-    rows far from zero (a mean of 300, a spread of 1) would otherwise leave a float32
-    accumulator to cancel 300 * colsum(W) against itself. Split-k programs see only part of K,
-    so with SPLIT > 1 the kernel keeps the statistics loop (a constexpr branch: each config
-    builds one of the two). With tf32 the shifted rows would lose bits to its rounding, so it
-    is not deferred there.
+    product instead: with c any per-row shift and gamma, beta the affine,
+    dot((x - mean) * rstd * gamma + beta, W)
+        = rstd * (dot((x - c) * gamma, W) - (mean - c) * sum(gamma * W)) + sum(beta * W),
+    so the k loop multiplies the shifted, scaled rows, folds each chunk it loaded into the
+    rows' statistics and takes the weighted column sums of W with a second, 16-row product
+    whose first row is gamma and second beta (ones and zeros without an affine:
+    `column_sums`); after the loop the accumulator is corrected in float32 (`finish`). One pass
+    over A and no loop before the product; rows the group stores are written after the
+    correction, from the final statistics. The shift is each row's first chunk's mean: rows
+    far from zero (a mean of 300, a spread of 1) would otherwise leave a float32 accumulator to
+    cancel 300 * colsum(W) against itself. Split-k programs see only part of K, so with
+    SPLIT > 1 the kernel keeps the statistics loop (a constexpr branch: each config builds one
+    of the two). With tf32 the shifted rows would lose bits to its rounding, so it is not
+    deferred there.
     """
 
     def __init__(self, w: KernelWriter, norms: list[Instruction], a_index: Index, k: int, deferred: bool = False) -> None:
         self.w, self.norms, self.a_index, self.k, self.deferred = w, norms, a_index, k, deferred
+        self.final = False  # true while the rows are stored after a deferred product
         self.names: dict[int, tuple[str, str]] = {}
         for ln in norms:
             w.anchor_values[id(ln)] = self._normalized(ln)
@@ -128,6 +153,7 @@ class RowStatistics:
         if self.deferred:
             w.emit("ln_wsum = tl.zeros([16, BN], dtype=tl.float32)")
             w.emit("ln0_shift = tl.zeros([BM], dtype=tl.float32)")
+            w.emit("ln_r16 = tl.arange(0, 16)")
         with w.block("if SPLIT > 1:") if self.deferred else nullcontext():
             for loop in self._loops():
                 tile = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"}, {"rm": m_bound, "rk": f"(rk[None, :] < {k})"})
@@ -162,20 +188,33 @@ class RowStatistics:
         return loops
 
     def column_sums(self, b_tile: str, operand: str, precision: str) -> None:
-        """In the k loop of a deferred kernel: add the chunk's B rows into W's column sums."""
+        """In the k loop of a deferred kernel: add gamma * W and beta * W of the chunk's B rows
+        into the weighted column sums (rows 0 and 1 of `ln_wsum`)."""
         if self.deferred:
             with self.w.block("if SPLIT == 1:"):
-                self.w.emit(f"ln_wsum = tl.dot(tl.full([16, BK], 1.0, {operand}), {b_tile}, ln_wsum{precision})")
+                self.w.emit(f"ln_wsum = tl.dot(tl.broadcast_to(ln_s, [16, BK]).to({operand}), {b_tile}, ln_wsum{precision})")
 
-    def finish(self, acc: str) -> None:
-        """After the k loop of a deferred kernel: the accumulator of the raw rows, normalized."""
+    def finish(self, acc: str, m_bound: str, stores: list[Instruction]) -> None:
+        """After the k loop of a deferred kernel: the accumulator of the raw rows, normalized;
+        then the rows the group stores, from the final statistics: the column blocks share the
+        row's chunks (one each in turn), so the extra pass over A is spread over the programs."""
         if not self.deferred:
             return
-        with self.w.block("if SPLIT == 1:"):
-            self._rstd([(0, self.norms[0])])
-            # every row of the sums of ones is W's column sums: the max picks one, exactly
-            offset = "(ln0_mean - ln0_shift)" if self.norms[0].op.center else "(-ln0_shift)"  # an RMS norm's rows keep their mean
-            self.w.emit(f"{acc} = ({acc} - {offset}[:, None] * tl.max(ln_wsum, 0)[None, :]) * ln0_rstd[:, None]")
+        w, ln = self.w, self.norms[0]
+        with w.block("if SPLIT == 1:"):
+            self._rstd([(0, ln)])
+            offset = "(ln0_mean - ln0_shift)" if ln.op.center else "(-ln0_shift)"  # an RMS norm's rows keep their mean
+            w.emit("ln_gw = tl.sum(tl.where(ln_r16[:, None] == 0, ln_wsum, 0.0), 0)")
+            beta = " + tl.sum(tl.where(ln_r16[:, None] == 1, ln_wsum, 0.0), 0)[None, :]" if len(ln.inputs) == 3 else ""
+            w.emit(f"{acc} = ({acc} - {offset}[:, None] * ln_gw[None, :]) * ln0_rstd[:, None]{beta}")
+            if stores:
+                self.final = True
+                with w.block(f"for k1 in range(pid_n * BK, {self.k}, BK * tl.num_programs(1)):"):
+                    w.emit("rk = k1 + tl.arange(0, BK)")
+                    tile = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"}, {"rm": m_bound, "rk": f"(rk[None, :] < {self.k})"})
+                    for ret in stores:
+                        w.store(ret, tile, self.a_index)
+                self.final = False
 
     def _chunk(self, start: str) -> None:
         w = self.w
@@ -208,25 +247,30 @@ class RowStatistics:
 
     def _normalized(self, ln: Instruction) -> Callable[[Tile, Index], str]:
         """The k loop's value of `ln` at a tile index: its input there, normalized by its row's
-        statistics, then scaled and shifted by its gamma and beta there if it has them."""
+        statistics, then scaled and shifted by its gamma and beta there if it has them.
+        Deferred (and not yet `final`), the rows less their shift, times gamma."""
 
         def value(tile: Tile, index: Index) -> str:
             mean, rstd = self.names[id(ln)]
             x = self.w.value(ln.inputs[0], tile, index)
-            if not self.deferred:
-                y = self.w.let(f"{self._centered(ln, x, mean)} * {rstd}[:, None]")
-                if len(ln.inputs) == 3:
-                    gamma, beta = (self.w.value(p, tile, index) for p in ln.inputs[1:])
-                    y = self.w.let(f"{y} * {gamma} + {beta}")
-                return y
+            affine = [self.w.value(p, tile, index) for p in ln.inputs[1:]]  # read before the branches: both use them
+            normalized = f"{self._centered(ln, x, mean)} * {rstd}[:, None]"
+            if affine:
+                normalized = f"{normalized} * {affine[0]} + {affine[1]}"
+            if not self.deferred or self.final:
+                return self.w.let(normalized)
             name = self.w.fresh("lna")
             with self.w.block("if SPLIT == 1:"):  # the rows less their first chunk's mean, folded into their statistics
                 self._chunk("k0")
                 chunk_mean = self._combine("ln0", x)
                 self.w.emit(f"ln0_shift = tl.where(ln_seen == 0, {chunk_mean}, ln0_shift)")
-                self.w.emit(f"{name} = {x} - ln0_shift[:, None]")
+                gamma, beta = affine or ("1.0", "0.0")
+                self.w.emit(f"{name} = ({x} - ln0_shift[:, None]) * {gamma}" if affine else f"{name} = {x} - ln0_shift[:, None]")
+                # the 16 rows whose product with the B tile adds gamma * W and beta * W (gamma and beta
+                # ignore the row: `deferrable`), zero past K as their loads are
+                self.w.emit(f"ln_s = tl.where(ln_r16[:, None] == 0, {gamma}, tl.where(ln_r16[:, None] == 1, {beta}, 0.0))")
             with self.w.block("else:"):
-                self.w.emit(f"{name} = {self._centered(ln, x, mean)} * {rstd}[:, None]")
+                self.w.emit(f"{name} = {normalized}")
             return name
 
         return value
