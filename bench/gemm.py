@@ -9,7 +9,8 @@ and the config the tuner chose, so a tile policy change shows where it helps.
 
 Shapes: ViT-S/16 and DeiT-S at batch 32 (197 tokens, width 384, MLP 1536: M = 6304) and
 BERT-base at batch 32, sequence 128 (width 768, MLP 3072: M = 4096): the QKV, projection,
-fc1 and fc2 products of one block.
+fc1 and fc2 products of one block; and the batch-1 products of BERT (M = 128) and ViT (M = 197),
+where reading the weights bounds the time.
 Usage: `PYTHONPATH=. python3 bench/gemm.py [--exhaustive-tune] [--shapes vit] [--quick]`.
 """
 
@@ -40,6 +41,13 @@ SHAPES = [
     ("bert-base b32 s128", "proj", 4096, 768, 768),
     ("bert-base b32 s128", "fc1", 4096, 768, 3072),
     ("bert-base b32 s128", "fc2", 4096, 3072, 768),
+    # batch 1: few rows, the weights' bytes bound the time
+    ("bert-base b1 s128", "qkv", 128, 768, 2304),
+    ("bert-base b1 s128", "proj", 128, 768, 768),
+    ("bert-base b1 s128", "fc1", 128, 768, 3072),
+    ("bert-base b1 s128", "fc2", 128, 3072, 768),
+    ("vit-s/16 b1", "fc1", 197, 384, 1536),
+    ("vit-s/16 b1", "fc2", 197, 1536, 384),
 ]
 
 
@@ -83,7 +91,7 @@ def bench_shape(model: str, layer: str, m: int, k: int, n: int, args, table: Tab
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--exhaustive-tune", action="store_true", help="let fusegraph time every config")
-    parser.add_argument("--shapes", default="", help="only shapes whose model name contains this text")
+    parser.add_argument("--shapes", default="", help="only shapes whose model name contains this text (b1, b32, bert, vit)")
     args = parser.parse_args()
     if not is_cuda(args.device) or not torch.cuda.is_available():
         sys.exit("bench/gemm.py needs a CUDA GPU")

@@ -11,7 +11,7 @@ largest of bytes over the copy bandwidth, FLOPs over the matrix rate (the float3
 a template without tensor cores: depthwise) and special-function operations over their rate; the table is sorted by time lost (time minus floor), so the next
 kernel to work on comes first.
 
-    python3 bench/kernel_floors.py PERF_LOG [--model yolov5s] [--fp16] [--bandwidth 4.2e12] [--flops 7.9e14]
+    python3 bench/kernel_floors.py PERF_LOG [--model yolov5s] [--batch N] [--fp16] [--bandwidth 4.2e12] [--flops 7.9e14]
                                    [--vector-flops 6.7e13] [--special 4.2e12]
 """
 
@@ -29,7 +29,7 @@ SPECIAL_OPS = {"sigmoid": 2, "exp": 1, "log": 1, "sqrt": 1, "tanh": 2, "sin": 1,
 LINE = re.compile(r"^(@\d+) = (\S+)\(.*\) -> .*: ([0-9.]+)ms, \d+%(?:  \[.*\])?$")  # a config may follow
 
 
-def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, int, str, str]]:
+def kernel_costs(model: str, fp16: bool, batch: int | None = None) -> dict[str, tuple[str, int, int, int, str, str]]:
     """For each fused instruction, by its printed name: kernel name, bytes, FLOPs,
     special-function operations, output shape, template."""
     from fusegraph import parse_onnx
@@ -38,7 +38,7 @@ def kernel_costs(model: str, fp16: bool) -> dict[str, tuple[str, int, int, int, 
     from fusegraph.passes.to_half import ToHalf
     from fusegraph.targets.gpu.codegen import program_kernels
 
-    program = parse_onnx(model)
+    program = parse_onnx(model, batch=batch)
     if fp16:
         ToHalf(DType.float16).apply(program.main)
     fuse(program)
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("perf_log", type=Path)
     ap.add_argument("--model", default="yolov5s")
     ap.add_argument("--fp16", action="store_true", default=True)
+    ap.add_argument("--batch", type=int, default=None, help="the batch the perf report was taken at (its --batch)")
     ap.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s (measured copy bandwidth)")
     ap.add_argument("--flops", type=float, default=7.9e14, help="FLOP/s (measured dense fp16/bf16 matrix rate)")
     ap.add_argument("--vector-flops", type=float, default=6.7e13,
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         m = LINE.match(line.strip())
         if m:
             times[m.group(1)] = (m.group(2), float(m.group(3)) * 1e3)
-    costs = kernel_costs(args.model, args.fp16)
+    costs = kernel_costs(args.model, args.fp16, args.batch)
     rows = []
     for name, (kernel, us) in times.items():
         k2, nbytes, flops, special, shape, template = costs[name]
