@@ -17,8 +17,8 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
-from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, deferrable, emit_row_stores, prologue_norms, row_stores,
-                                                             selected_loads)
+from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, computed_from, deferrable, emit_row_stores,
+                                                             prologue_norms, row_stores, selected_loads)
 from fusegraph.targets.gpu.templates.gemm_reduce import SEGMENT_EMITTERS, PixelSums, emit_pixel_sums, pixel_sum_returns
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 
@@ -200,12 +200,7 @@ class GemmEmitter:
         spec = self.spec
         if self.a_plain or spec.taps or spec.a_valid or self.dtype == DType.float64:
             return {}
-        stack, seen = [self.a_in], set()
-        while stack:
-            x = stack.pop()
-            if id(x) not in seen and x is not self.anchor:
-                seen.add(id(x))
-                stack.extend(x.inputs)
+        seen = computed_from(self.a_in, avoiding=self.anchor)
         loads = [x for x in self.module if id(x) in seen and is_load(x) and id(x) not in self.w.raw_loads]
         ahead = {id(ld): self.w.fresh("pf") for ld in loads}
         for name, value in zip(ahead.values(), self._load_ahead(ahead, "pid_k * BK + tl.arange(0, BK)")):

@@ -57,17 +57,21 @@ def row_stores(module: Module, anchor: Instruction) -> list[Instruction]:
     return [r for r in module.returns[1:] if not _reaches(r, anchor)]
 
 
-def _reaches(ins: Instruction, target: Instruction, avoiding: Instruction | None = None) -> bool:
-    """Whether `ins` is `target` or computed from it (other than through `avoiding`)."""
+def computed_from(ins: Instruction, avoiding: Instruction | None = None) -> set[int]:
+    """The ids of `ins` and of every instruction it is computed from, not walking into or
+    past `avoiding`."""
     stack, seen = [ins], set()
     while stack:
         x = stack.pop()
-        if x is target:
-            return True
         if id(x) not in seen and x is not avoiding:
             seen.add(id(x))
             stack.extend(x.inputs)
-    return False
+    return seen
+
+
+def _reaches(ins: Instruction, target: Instruction, avoiding: Instruction | None = None) -> bool:
+    """Whether `ins` is `target` or computed from it (other than through `avoiding`)."""
+    return id(target) in computed_from(ins, avoiding)
 
 
 def emit_row_stores(w: KernelWriter, stores: list[Instruction], tile: Tile, index: Index, deferred: bool) -> None:
