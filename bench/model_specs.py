@@ -81,6 +81,8 @@ class _LastHidden(torch.nn.Module):
 
 
 def _bert() -> torch.nn.Module:
+    """BERT-base for every zoo sequence: BertModel takes any sequence up to its 512 positions, so
+    the sequence is the inputs' (bench/models.py draws them in the zoo graph's shapes)."""
     from transformers import BertConfig, BertModel
 
     return _LastHidden(BertModel(BertConfig()))
@@ -103,6 +105,7 @@ SPECS: dict[str, Spec] = {
     "deit_small_patch16_224": Spec("timm", _timm("deit_small_patch16_224")),
     "swin_tiny_patch4_window7_224": Spec("timm", _timm("swin_tiny_patch4_window7_224")),
     "bert_base": Spec("transformers", _bert, token_inputs=True),
+    "bert_base_s512": Spec("transformers", _bert, token_inputs=True),
     "gpt2_2layer": Spec("transformers", _gpt2, token_inputs=True),
 }
 

@@ -1,7 +1,8 @@
 """Benchmark: every exported zoo model, fusegraph against the library's own PyTorch module (GPU).
 
 For each model (`--models`, default all of bench/model_specs.py) and batch (`--batches`, default
-1 and 32; BERT and GPT-2 at sequence 128), fp16, contenders (`--modes`):
+1 and 32; token models at the sequence of their zoo graph: bert_base and gpt2_2layer 128,
+bert_base_s512 512), fp16, contenders (`--modes`):
 
 * fusegraph: the zoo ONNX graph (for batch 32 the zoo's NAME-b32 export where there is one,
   else the batch-1 graph with its batch constants rewritten), compiled for the GPU with default
@@ -325,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = fused + _each_case(cases, args, device, start, lambda c: run_torch_case(c, modes, iters))
     rows.sort(key=lambda r: cases.index((r.model, r.batch)))  # each case's rows together, fusegraph first
     notes = [f"fp16, inputs from seed {args.seed} (images U(0,1), token ids within the vocabulary, "
-             "masks 0/1); BERT and GPT-2 at sequence 128",
+             "masks 0/1); token models at their zoo graph's sequence (bert_base, gpt2_2layer 128; "
+             "bert_base_s512 512)",
              "every contender is timed as CUDA-graph replays (CUDA events per replay, median); "
              "kernels: GPU kernels of one replay from torch.profiler; setup: compile + capture + first run",
              "fusegraph runs the zoo graph with the zoo's weights, torch the library's module with its own "

@@ -12,10 +12,15 @@ Run it in a SEPARATE venv, never in the project's:
     /tmp/export-venv/bin/pip install torch==2.13.0         # pinned CPU wheel; never unpinned
     /tmp/export-venv/bin/pip install --no-deps torchvision==0.28.0 timm==1.0.31 \\
         ultralytics==8.4.190 transformers==4.57.6
-    /tmp/export-venv/bin/pip install onnx pyyaml huggingface-hub safetensors regex tokenizers \\
-        tqdm packaging filelock pillow opencv-python-headless psutil matplotlib numpy requests \\
-        polars scipy onnxscript
+    /tmp/export-venv/bin/pip install onnx pyyaml 'huggingface-hub<1.0' safetensors regex \\
+        'tokenizers<=0.23.0' tqdm packaging filelock pillow opencv-python-headless psutil \\
+        matplotlib numpy requests polars scipy onnxscript
     /tmp/export-venv/bin/python tools/export_models.py [NAME ...] [--dynamo-dir DIR]
+
+transformers 4.57.6 refuses huggingface-hub>=1.0 and tokenizers>0.23.0 at import, hence their
+caps. The BERTs alone need only torch, transformers, onnx, numpy and transformers' import-time
+requirements (huggingface-hub, tokenizers, safetensors, regex, pyyaml, tqdm, packaging,
+filelock, requests); onnxscript only with --dynamo-dir.
 
 `--dynamo-dir DIR` also writes each model through torch 2.13's default exporter (dynamo, opset 20,
 weights in NAME.onnx.data) into DIR, unstripped, for checking that fusegraph reads those too.
@@ -50,7 +55,7 @@ from strip_weights import strip  # noqa: E402  (tools/ is not a package)
 
 SEED = 0
 OPSET = 17
-BERT_SEQ = 128
+BERT_SEQS = {"bert_base": 128, "bert_base_s512": 512}  # zoo name -> sequence length
 GPT_SEQ = 128
 
 _TV_SCHEMAS = [
@@ -172,6 +177,22 @@ def build_bert():
     return BertModel(BertConfig(attn_implementation="eager"))
 
 
+def bert_entry(seq: int) -> tuple:
+    """The MODELS entry of the BERT-base encoder at sequence `seq`.
+
+    One model at several sequence lengths: the same builder, seed and perturbation, so the
+    graphs differ only in the shapes the exporter traced (the sequence is baked into the graph:
+    fixed shapes, and the position ids are a slice of a constant). A default BertConfig has 512
+    positions (`max_position_embeddings`), the longest sequence it can export.
+    """
+    if not 0 < seq <= 512:
+        raise ValueError(f"BERT-base has 512 positions; sequence {seq} does not fit")
+    inputs = [("input_ids", [1, seq], "int64", (0, 30522)), ("attention_mask", [1, seq], "int64", (0, 2)),
+              ("token_type_ids", [1, seq], "int64", (0, 2))]
+    return (build_bert, inputs, ["last_hidden_state"],
+            f"BERT-base encoder, sequence {seq} (transformers 4.57.6)")
+
+
 def build_gpt2():
     """Two GPT-2 decoder blocks (causal self-attention), no KV cache, eager attention.
 
@@ -229,10 +250,7 @@ MODELS: dict[str, tuple] = {
     "swin_tiny_patch4_window7_224": (build_timm("swin_tiny_patch4_window7_224"),
                                      [("input", [1, 3, 224, 224], "float32", None)], ["logits"],
                                      "Swin-T classifier 224x224, window 7 (timm 1.0.31)"),
-    "bert_base": (build_bert, [("input_ids", [1, BERT_SEQ], "int64", (0, 30522)),
-                               ("attention_mask", [1, BERT_SEQ], "int64", (0, 2)),
-                               ("token_type_ids", [1, BERT_SEQ], "int64", (0, 2))],
-                  ["last_hidden_state"], f"BERT-base encoder, sequence {BERT_SEQ} (transformers 4.57.6)"),
+    **{name: bert_entry(seq) for name, seq in BERT_SEQS.items()},
     "gpt2_2layer": (build_gpt2, [("input_ids", [1, GPT_SEQ], "int64", (0, 50257))],
                     ["last_hidden_state"],
                     f"GPT-2 decoder, 2 blocks, causal mask, sequence {GPT_SEQ}, no KV cache "
@@ -248,7 +266,7 @@ BATCH_VARIANTS = {f"{base}-b32": (base, 32) for base in
 KEEP = {"yolov8s": frozenset({"model.22.dfl.conv.weight"})}
 #: models whose Mul-by-tensor nodes are layer scales (strip them as channel_scale)
 LAYER_SCALES = {"convnext_tiny"}
-TRANSFORMERS = {"bert_base", "gpt2_2layer"}
+TRANSFORMERS = {*BERT_SEQS, "gpt2_2layer"}
 
 
 def _base(name: str) -> tuple[str, int]:

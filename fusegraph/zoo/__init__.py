@@ -13,6 +13,7 @@ downloading anything. The zoo gives them by name, always the same bytes for the 
     vit_small_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224   timm 1.0.31, 224x224
     bert_base                     transformers 4.57.6 BertModel (BERT-base config), sequence 128,
                                   int64 inputs input_ids, attention_mask, token_type_ids
+    bert_base_s512                the same BertModel at sequence 512 (its longest: 512 positions)
     gpt2_2layer                   transformers 4.57.6 GPT2Model, 2 blocks, causal, sequence 128
     <vit/deit/swin>-b32           the three vision transformers at batch 32 (their batch-1 exports
                                   fold the batch into constants, so they cannot be rebatched)
@@ -92,6 +93,7 @@ _EXPORTED = [  # tools/export_models.py: torch 2.13 legacy exporter, opset 17, b
     _Entry("deit_small_patch16_224", "DeiT-S/16 classifier 224x224 (timm 1.0.31)", False),
     _Entry("swin_tiny_patch4_window7_224", "Swin-T classifier 224x224, window 7 (timm 1.0.31)", False),
     _Entry("bert_base", "BERT-base encoder, sequence 128 (transformers 4.57.6)", False),
+    _Entry("bert_base_s512", "BERT-base encoder, sequence 512 (transformers 4.57.6)", False),
     _Entry("gpt2_2layer", "GPT-2 decoder, 2 blocks, causal, sequence 128 (transformers 4.57.6)", False),
     # batch 32: these exports fold the batch into constants, so batch 1 cannot be rebatched
     _Entry("vit_small_patch16_224-b32", "ViT-S/16 classifier 224x224, batch 32 (timm 1.0.31)", False),

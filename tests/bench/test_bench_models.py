@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from bench import model_specs  # noqa: E402
 from bench import models as bm  # noqa: E402
 from fusegraph import zoo  # noqa: E402
-from tests.zoo_params import BIG_EXPORTED, DEFAULT_EXPORTED  # noqa: E402
+from tests.zoo_params import BIG_EXPORTED, DEFAULT_EXPORTED, exported  # noqa: E402
 
 ARGS = argparse.Namespace(seed=0, tolerance=1e-2)
 CPU = torch.device("cpu")
@@ -31,6 +31,16 @@ def test_case_inputs_follow_batch_and_ranges():
     assert tuple(ids.shape) == (3, 128) and ids.dtype == torch.int64
     assert 0 <= int(ids.min()) and int(ids.max()) < 50257
     assert case.program().input_shapes["input_ids"].lens == (3, 128)
+
+
+@pytest.mark.parametrize("name", exported(["bert_base_s512"]))
+def test_token_inputs_take_the_sequence_of_the_zoo_graph(name):
+    """The sequence is the graph's (512 here), never a constant 128, at batch 1 and rebatched."""
+    for batch in (1, 2):
+        case = bm.Case(name, batch, ARGS, CPU)
+        assert {k: tuple(v.shape) for k, v in case.inputs.items()} == \
+            {k: (batch, 512) for k in ("input_ids", "attention_mask", "token_type_ids")}
+        assert case.program().input_shapes["input_ids"].lens == (batch, 512)
 
 
 def test_batch_32_uses_the_zoo_variant_where_there_is_one():

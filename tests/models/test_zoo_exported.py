@@ -1,6 +1,7 @@
 """The exported CNN and transformer zoo models (tools/export_models.py): each ships small and
 stripped, loads to a valid model with calibrated weights, runs in ONNX Runtime to sane outputs
-(finite, spread out, attention not collapsed onto one key) and is the same on every load."""
+(finite, spread out, attention not collapsed onto one key) and is the same on every load; the
+BERTs, too big to run in every test run, have their fused structure checked in every run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from onnx import helper
 
 from fusegraph import parse_onnx, zoo
 from fusegraph.driver.inputs import input_ranges, random_inputs
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Instruction, Program
+from fusegraph.passes.pipeline import count_kernels, fuse
 from tests.zoo_params import exported
 
 ort = pytest.importorskip("onnxruntime")
@@ -31,11 +35,16 @@ EXPORTED = {
     "swin_tiny_patch4_window7_224": ({"input": [1, 3, 224, 224]}, (1, 1000)),
     "bert_base": ({"input_ids": [1, 128], "attention_mask": [1, 128], "token_type_ids": [1, 128]},
                   (1, 128, 768)),
+    "bert_base_s512": ({"input_ids": [1, 512], "attention_mask": [1, 512], "token_type_ids": [1, 512]},
+                       (1, 512, 768)),
     "gpt2_2layer": ({"input_ids": [1, 128]}, (1, 128, 768)),
 }
 B32 = ["vit_small_patch16_224-b32", "deit_small_patch16_224-b32", "swin_tiny_patch4_window7_224-b32"]
-RANGES = {"bert_base": {"input_ids": (0, 30522), "attention_mask": (0, 2), "token_type_ids": (0, 2)},
-          "gpt2_2layer": {"input_ids": (0, 50257)}}
+_BERT_RANGES = {"input_ids": (0, 30522), "attention_mask": (0, 2), "token_type_ids": (0, 2)}
+RANGES = {"bert_base": _BERT_RANGES, "bert_base_s512": _BERT_RANGES, "gpt2_2layer": {"input_ids": (0, 50257)}}
+#: the zoo's BERT-base encoders (one model at two sequence lengths) and their sequences
+BERT_SEQ = {"bert_base": 128, "bert_base_s512": 512}
+BERT_LAYERS = 12
 
 
 def test_names_list_the_exported_models_after_yolov5s():
@@ -126,7 +135,7 @@ def test_token_inputs_lie_in_their_declared_ranges(name, run):
         assert np.unique(inputs[k]).size > 1
 
 
-@pytest.mark.parametrize("name", exported(["gpt2_2layer", "vit_small_patch16_224", "bert_base"]))
+@pytest.mark.parametrize("name", exported(["gpt2_2layer", "vit_small_patch16_224", "bert_base", "bert_base_s512"]))
 def test_attention_is_not_degenerate(name, run):
     """Softmax rows neither one-hot (scores too large) nor uniform (scores too small)."""
     model, inputs, _, _ = run(name)
@@ -150,3 +159,68 @@ def _digest(model: onnx.ModelProto) -> str:
 def test_load_is_deterministic(name, run):
     first, _, _, _ = run(name)
     assert _digest(first) == _digest(zoo.load(name))
+
+
+# The BERTs' structure, in every run: running BERT-base is what makes it a big model (tests above,
+# gated), while generating its weights, parsing and fusing take a few seconds.
+
+
+@pytest.fixture(scope="module", params=list(BERT_SEQ))
+def bert(request) -> tuple[str, Program, Program]:
+    """(name, parsed program, fused program) of each zoo BERT, once per module; a fixture
+    parameter, so pytest runs one model's tests together and holds one model's weights at a time."""
+    model = zoo.load(request.param)
+    fused = parse_onnx(model)
+    fuse(fused)
+    return request.param, parse_onnx(model), fused
+
+
+def _readers(program: Program, ins: Instruction) -> list[Instruction]:
+    return [i for i in program.main if any(x is ins for x in i.inputs)]
+
+
+def _param(program: Program, name: str) -> Instruction:
+    return next(i for i in program.main if i.op.name == "@param" and i.op.attrs["name"] == name)
+
+
+def _attention_kernels(program: Program) -> list[Instruction]:
+    return [i for i in program.main if i.op.name == "fused" and any(s.op.name == "attention" for s in i.op.module)]
+
+
+def test_bert_parses_at_its_sequence(bert):
+    name, plain, _ = bert
+    seq = BERT_SEQ[name]
+    assert {k: (v.lens, v.dtype) for k, v in plain.input_shapes.items()} == \
+        {k: ((1, seq), DType.int64) for k in _BERT_RANGES}
+    assert plain.output_names == ["last_hidden_state"]
+    assert plain.main.returns[0].shape.lens == (1, seq, 768)
+    assert input_ranges(plain) == _BERT_RANGES
+
+
+def test_bert_fuses_to_one_attention_kernel_per_layer(bert):
+    """The kernel count of README's table whatever the sequence, and each layer's attention (scores,
+    mask, softmax, weighted sum, head merge) one kernel reading the merged QKV product."""
+    _, _, fused = bert
+    assert count_kernels(fused) == 63
+    attention = _attention_kernels(fused)
+    assert len(attention) == BERT_LAYERS
+    for k in attention:
+        assert [s.op.name for s in k.op.module].count("attention") == 1
+        (qkv,) = [x for x in k.inputs if x.op.name == "fused"]
+        assert qkv.shape.lens[-1] == 3 * 768
+    # nothing runs outside a kernel
+    assert {i.op.name for i in fused.main} <= {"@param", "@literal", "fused", "fused_output"}
+
+
+def test_bert_mask_is_built_once_and_read_by_the_attention_kernels_alone(bert):
+    """BERT turns the 0/1 mask into an additive one, (1 - m) * min, once for all layers. Parsed, that
+    is one chain read by each layer's scores; fused, each attention kernel computes it from the raw
+    [1, S] int64 mask (S values, no kernel or buffer of its own), and nothing else reads the mask."""
+    name, plain, fused = bert
+    seq = BERT_SEQ[name]
+    chain = [_param(plain, "attention_mask")]
+    while len(readers := _readers(plain, chain[-1])) == 1:
+        chain.append(readers[0])
+    assert chain[-1].op.name == "mul" and chain[-1].shape.lens == (1, 1, 1, seq)
+    assert len(readers) == BERT_LAYERS
+    assert _readers(fused, _param(fused, "attention_mask")) == _attention_kernels(fused)
