@@ -4,18 +4,29 @@
 beta and W constants, the weights become `W' = diag(gamma) W` and the epilogue gains the bias
 `beta W` (added after the product, where fusion folds it into the epilogue with any bias the
 product had). What is left is a layernorm of one input, which only normalizes: its readers'
-kernels compute it in their own prologue (`prologue_rule.py`, `templates/gemm_prologue.py`),
-so the normalized tensor is never written. Applies when every reader of the layernorm is a
-matrix product reading it as A along the normalized (last) axis, with literal weights, directly
-or through views that keep its rows whole (a transpose or reshape of the leading axes).
+kernels compute it in their own prologue (`prologue_rule.py`, `templates/gemm_prologue.py`).
+Applies to the matrix products reading the layernorm as A along the normalized (last) axis,
+with literal weights, directly or through views that keep its rows whole (a transpose or
+reshape of the leading axes). Its other readers (BERT's residual adds after a post-norm) read
+`norm * gamma + beta`, two pointwise ops the kernels reading the stored norm compute.
+
+A centered norm's rows sum to zero, so `dot(norm, W' - 1 c)` is `dot(norm, W')` for any row
+vector c: the folded weights are stored with each column's mean subtracted, rounded so that
+each column of the stored values sums to zero (`zero_sum_columns`). A product that normalizes
+after its k loop (`gemm_prologue.RowStatistics`, deferred) must subtract `sum(W)` times its
+rows' shift; with columns that sum to zero that term vanishes, and the kernel takes no column
+sums of W at all (`zero_column_sums`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ir.zero_sum_columns import zero_sum_columns
 from fusegraph.ops.base import input_map_of as view_input_map
+from fusegraph.ops import make_op
 from fusegraph.ops.base import is_literal
 from fusegraph.ops.source import make_literal
 from fusegraph.passes.fold_into_weights import add_bias
@@ -99,13 +110,23 @@ class FoldNormAffine:
             if ln.op.algorithm != "layernorm" or ln in module.returns:
                 return False
             affine = _affine(ln)
-            paths = [_path(module, u, ln) for u in module.users().get(ln, [])]
-            if affine is None or not paths or not all(p is not None and _weights(p[1]) for p in paths):
+            readers = module.users().get(ln, [])
+            paths = {id(u): _path(module, u, ln) for u in readers}
+            products = [p for p in paths.values() if p is not None and _weights(p[1])]
+            if affine is None or not products:
                 return False
             norm = module.make(type(ln.op)(ln.op.attrs["axis"], ln.op.attrs["epsilon"]), [ln.inputs[0]], ln.origin)
             module.insert_before(ln, norm)
-            for views, product in paths:  # type: ignore[misc]
+            for views, product in products:
                 self._rewrite(module, product, views, norm, *affine)
+            others = [u for u in readers if not (paths[id(u)] and _weights(paths[id(u)][1]))]
+            if others:  # they read the norm's affine, two pointwise ops on the stored norm
+                scaled = module.make(make_op("mul"), [norm, ln.inputs[1]], ln.origin)
+                shifted = module.make(make_op("add"), [scaled, ln.inputs[2]], ln.origin)
+                module.insert_before(ln, scaled)
+                module.insert_before(ln, shifted)
+                for u in others:
+                    u.inputs = [shifted if x is ln else x for x in u.inputs]
             return True
 
         return rewrite_each(module, fold, drop_dead=True)
@@ -113,11 +134,15 @@ class FoldNormAffine:
     def _rewrite(self, module: Module, product: Instruction, views: list[Instruction], norm: Instruction,
                  gamma: np.ndarray, beta: np.ndarray) -> None:
         """`product` reading `norm` (through the same views) with weights scaled by gamma, plus
-        the bias beta W."""
+        the bias beta W; a centered norm's weights stored with columns that sum to zero."""
         lit, w = _weights(product)  # type: ignore[misc]
         wide = w.astype(np.float64)
-        scaled = (gamma.astype(np.float64)[:, None] * wide).astype(w.dtype).reshape(lit.shape.lens)
-        new_lit = make_literal(scaled, origin=lit.origin)
+        scaled = gamma.astype(np.float64)[:, None] * wide
+        if norm.op.center and DType.from_numpy(w.dtype).is_float:
+            stored = zero_sum_columns(scaled, w.dtype)
+        else:
+            stored = scaled.astype(w.dtype)
+        new_lit = make_literal(stored.reshape(lit.shape.lens), origin=lit.origin)
         module.insert_before(product, new_lit)
         b = product.inputs[1]
         weights = new_lit if b is lit else module.make(b.op, [new_lit], b.origin)

@@ -320,8 +320,25 @@ class FuseAnchors:
         value = b.add(anchor.op, operands, anchor.origin)
         g = _Epilogue(module, anchor, b).grow(value)
         stored = rule.read_outside(rule.stored, g.members) if isinstance(rule, PrologueRule) else []
-        extras = g.extras + [(x, [b.computed[id(x)]]) for x in stored]
+        extras = g.extras + [e for x in stored for e in _stored_rows(b, rule, g.members, x)]  # type: ignore[arg-type]
         return b.finish(g.out, g.pieces, kernel_name(b.inlined + g.members), extras), g, extras
+
+
+def _stored_rows(b: GroupBuilder, rule: PrologueRule, members: list[Instruction], x: Instruction
+                 ) -> list[tuple[Instruction, list[Piece]]]:
+    """The further outputs for prologue value `x` that others read: `x` itself, or the values of
+    the pointwise ops on it and constants that are all its outside readers
+    (`PrologueRule.constant_tails`), computed at the index `x` is computed at."""
+    piece = b.computed[id(x)]
+    tails = rule.constant_tails(x, members)
+    if tails is None:
+        return [(x, [piece])]
+    ops, ends = tails
+    values = {id(x): piece.value}
+    for u in ops:
+        operands = [values[id(i)] if id(i) in values else b.gather(i, piece.map, piece.domain) for i in u.inputs]
+        values[id(u)] = b.add(u.op, operands, u.origin)
+    return [(u, [Piece(piece.map, piece.domain, values[id(u)])]) for u in ends]
 
 
 class FuseReductions(FuseAnchors):

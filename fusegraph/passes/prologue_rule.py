@@ -47,6 +47,7 @@ from fusegraph.ir.index_map import IndexMap
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
+from fusegraph.passes.literal_values import broadcast_literal
 
 RECOMPUTE_BUDGET = 8  # pointwise ops per element of A, summed over its reads, for a value also computed elsewhere
 N_TILE = 128  # the widest N tile of the GEMM template: each N tile reads all of A once
@@ -84,7 +85,7 @@ class PrologueRule:
     predicate while the anchor's A operand is gathered; `inside` grows with what it accepts."""
 
     def __init__(self, module: Module, anchor: Instruction, may_store: bool = True) -> None:
-        self.anchor = anchor
+        self.anchor, self.module = anchor, module
         self.users = module.users()
         self.returned = {id(r) for r in module.returns}
         self.inside: set[int] = {id(anchor)}
@@ -133,6 +134,33 @@ class PrologueRule:
             if returned or any(id(u) not in group for u in readers):
                 out.append(x)
         return out
+
+    def constant_tails(self, x: Instruction, members: list[Instruction]) -> tuple[list[Instruction], list[Instruction]] | None:
+        """When every reader of stored value `x` outside the group is a pointwise op on `x` and
+        constants (a layernorm's affine, `fold_norm_affine` having moved it out of the norm
+        for the products), the kernel computes those too and stores what they lead to
+        instead of `x`: the ops (in program order) and those whose values are stored (read
+        by something else, or returned). None: `x` itself is stored."""
+        group = self.inside | {id(m) for m in members}
+        readers, returned = self._readers(x)
+        outside = [u for u in readers if id(u) not in group]
+        if returned or not outside or not all(_on_constants(u, x) for u in outside):
+            return None
+        ops: list[Instruction] = []
+        ends: list[Instruction] = []
+        stack = list(outside)
+        while stack:
+            u = stack.pop()
+            if any(u is o for o in ops):
+                continue
+            ops.append(u)
+            readers = self.users.get(u, [])
+            if id(u) in self.returned or not readers or not all(_on_constants(r, u) for r in readers):
+                ends.append(u)
+            else:
+                stack.extend(readers)
+        order = {id(i): k for k, i in enumerate(self.module)}
+        return sorted(ops, key=lambda i: order[id(i)]), ends
 
     def only_inside(self, ins: Instruction) -> bool:
         readers = self.readers(ins)
@@ -190,6 +218,12 @@ def _reads_as_a(product: Instruction, x: Instruction) -> bool:
     while a is not x and view_input_map(a) is not None:
         a = a.inputs[0]
     return a is x
+
+
+def _on_constants(u: Instruction, x: Instruction) -> bool:
+    """Whether `u` is a pointwise op reading `x` whose other operands are constants."""
+    return (u.op.kind == OpKind.POINTWISE and any(i is x for i in u.inputs)
+            and all(i is x or broadcast_literal(i) is not None for i in u.inputs))
 
 
 def _needs_copy(part: Instruction, axis: int) -> bool:

@@ -12,6 +12,7 @@ from fusegraph import parse_onnx
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module, Program
 from fusegraph.ir.shape import Shape
+from fusegraph.ir.zero_sum_columns import columns_sum_to_zero
 from fusegraph.ops import make_op
 from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast
@@ -169,6 +170,30 @@ def test_layernorm_before_matmul_is_normalized_in_the_product_with_the_affine_in
     assert_same_results(before, after, tolerance=NORM_TOLERANCE)
 
 
+def _weights_of(fused: Instruction) -> np.ndarray:
+    (dot,) = [i for i in fused.op.module if i.op.name == "dot"]
+    param = dot.inputs[1].inputs[0]
+    k = next(j for j, p in enumerate(fused.op.module.params.values()) if p is param)
+    return np.asarray(fused.inputs[k].op.value)
+
+
+def test_a_centered_norms_folded_weights_have_columns_summing_to_zero():
+    """A layernorm's rows sum to zero, so its folded weights are stored centered, each column
+    summing to zero (what lets a deferred kernel skip W's column sums); an RMS norm's rows keep
+    their mean, so its weights are gamma W as they are."""
+    model = _layernorm_model("MatMul", [1, 7, 48], 48, 20)
+    after = parse_onnx(model)
+    fuse(after)
+    (f,) = _fused(after)
+    assert columns_sum_to_zero(_weights_of(f))
+    rms = make_model([node("RMSNormalization", ["x", "g"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"])],
+                     {"x": [6, 32]}, ["y"], {"g": rand(32, seed=1), "w": rand(32, 8, seed=3)}, opset=23)
+    after = parse_onnx(rms)
+    fuse(after)
+    (f,) = _fused(after)
+    assert not columns_sum_to_zero(_weights_of(f))
+
+
 def test_layernorm_before_gemm_with_bias_gives_one_bias_add():
     model = _layernorm_model("Gemm", [9, 40], 40, 24)
     before, after = parse_onnx(model), parse_onnx(model)
@@ -179,20 +204,23 @@ def test_layernorm_before_gemm_with_bias_gives_one_bias_add():
 
 
 def test_layernorm_with_another_kind_of_reader_is_computed_by_the_product_and_stored():
-    """The relu needs the normalized tensor: the product computes it (affine included, its
-    weights left as they are) and stores it as a further output, which the relu reads; the
-    layernorm has no kernel of its own (tests/passes/test_prologue_layernorm_store.py)."""
+    """The relu needs the normalized tensor with its affine: the affine moves into the
+    product's weights and bias, the product computes the norm, and the relu of
+    norm * gamma + beta (pointwise ops on the norm and constants, all its other readers) is
+    computed there too and stored as a further output: one kernel, no layernorm of its own
+    (tests/passes/test_prologue_layernorm_store.py)."""
     model = make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"]),
                         node("Relu", ["t"], ["z"])], {"x": [6, 32]}, ["y", "z"],
                        {"g": rand(32, seed=1), "b": rand(32, seed=2), "w": rand(32, 8, seed=3)})
     before, after = parse_onnx(model), parse_onnx(model)
     fuse(after)
-    product, relu = _fused(after)
-    assert [product.op.attrs["kernel"], relu.op.attrs["kernel"]] == ["layernorm_dot", "relu"]
+    (product,) = _fused(after)
+    assert product.op.attrs["kernel"] == "layernorm_dot_add"
     (ln,) = [i for i in product.op.module if i.op.name == "layernorm"]
-    assert len(ln.inputs) == 3 and len(product.op.module.returns) == 2
-    assert relu.inputs[0].op.name == "fused_output" and relu.inputs[0].inputs == [product]
-    assert_same_results(before, after, tolerance=TOLERANCE)
+    assert len(ln.inputs) == 1 and len(product.op.module.returns) == 2
+    assert product.op.module.returns[1].inputs[1].op.name == "relu"
+    assert after.main.returns[1].op.name == "fused_output" and after.main.returns[1].inputs == [product]
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
 
 
 def _layernorm_transpose_matmul(perm: list[int]):

@@ -97,10 +97,13 @@ def test_post_norm_block_has_no_layernorm_kernel():
     first, second = _fused(after)
     assert _kernels(after) == ["add_layernorm_dot_mul_erf", "dot_add"]
     (ln,) = _norms(first)
-    assert len(ln.inputs) == 3  # the affine stays: the residual reads the shifted and scaled rows
-    # the group's further output is the normalized tensor, stored whole through the A index
+    assert len(ln.inputs) == 1  # the affine is in the weights (`fold_norm_affine`)
+    # the group's further output is what the residual reads, norm * gamma + beta, computed from
+    # the normalized rows and stored whole through the A index (`PrologueRule.constant_tails`)
     value, stored = first.op.module.returns
-    assert is_store(stored) and stored.inputs[1] is ln and stored.op.attrs["map"].is_identity()
+    assert is_store(stored) and stored.op.attrs["map"].is_identity()
+    shifted = stored.inputs[1]
+    assert shifted.op.name == "add" and shifted.inputs[0].op.name == "mul" and shifted.inputs[0].inputs[0] is ln
     (selector,) = [i for i in after.main if is_fused_output(i)]
     assert selector.inputs == [first] and selector.op.attrs["index"] == 1
     assert second.inputs[-1] is selector  # the residual add reads the stored rows
@@ -123,10 +126,12 @@ def test_post_norm_encoder_layer_keeps_only_its_returned_layernorm_kernel():
 def test_a_narrow_post_norm_layer_takes_its_norms_in_the_epilogues():
     """32 wide, each post-norm row fits one tile of the product before it: the projection and
     fc2 take their layernorms in their epilogues (`segment_layernorm`), and only the input
-    layernorm is computed and stored by the QKV product."""
+    layernorm is computed by the QKV product, which stores its affine for the residual. The
+    projection's epilogue stores its norm twice: normalized for fc1 (whose weights hold the
+    affine) and with the affine for the residual."""
     before, after = _fused_both(post_norm_layer(c=32))
     kernels = _kernels(after)
-    assert sorted(k for k in kernels if "layernorm" in k) == ["dot_add_layernorm", "dot_add_layernorm", "layernorm_dot_add"]
+    assert sorted(k for k in kernels if "layernorm" in k) == ["dot_add_layernorm", "dot_add_layernorm_mul", "layernorm_dot_add"]
     assert len(kernels) == 5
     assert_same_results(before, after, tolerance=1e-5)
 
@@ -154,13 +159,14 @@ def test_returned_layernorm_is_the_products_further_output():
 
 def test_the_first_product_computes_and_stores_the_others_load():
     """y read by two products (the second's weights an input, so the two do not merge) and a
-    relu: the first product in program order computes y and stores it, the second loads it."""
+    relu: the first product in program order computes y (its affine in the weights: the add is
+    beta W) and stores y, the second loads it."""
     model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["y"], axis=-1), node("MatMul", ["y", "w"], ["p"]),
                         node("MatMul", ["y", "v"], ["q"]), node("Relu", ["y"], ["z"])],
                        {"x": [6, 32], "v": [32, 5]}, ["p", "q", "z"],
                        {"g": rand(32, seed=1), "bt": rand(32, seed=2), "w": rand(32, 8, seed=3)})
     before, after = _fused_both(model)
-    assert _kernels(after) == ["layernorm_dot", "dot", "relu"]
+    assert _kernels(after) == ["layernorm_dot_add", "dot", "relu"]
     first, second, relu = _fused(after)
     assert len(_norms(first)) == 1 and not _norms(second)
     (selector,) = [i for i in after.main if is_fused_output(i)]
@@ -182,23 +188,38 @@ def test_chained_layernorms_are_both_computed_by_the_product():
 
 
 def test_a_stored_layernorm_read_by_a_later_layernorm_and_a_residual():
-    """As above with N != K: the residual add reads the first layernorm's stored tensor."""
+    """As above with N != K, a relu reading the first layernorm: a pointwise op on the stored
+    rows alone, so the product computes it too and stores the relu instead (one kernel)."""
     before, after = _fused_both(chained_norms([node("Relu", ["e"], ["q"])], 8, ["p", "q"]))
-    assert _kernels(after) == ["layernorm_dot_add", "relu"]
-    assert len(_fused(after)[0].op.module.returns) == 2
+    assert _kernels(after) == ["layernorm_dot_add"]
+    (group,) = _fused(after)
+    assert len(group.op.module.returns) == 2 and group.op.module.returns[1].inputs[1].op.name == "relu"
     assert_same_results(before, after, tolerance=1e-5)
 
 
 def test_a_concat_reader_keeps_the_layernorm_kernel():
     """The layernorm's own kernel writes into the concat's buffer in place; a further output
-    would be copied there."""
+    would be copied there. (The product's weights are an input here: with literal weights the
+    affine moves into them and the concat reads norm * gamma + beta, which the product stores,
+    as the next test shows.)"""
     model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["y"], axis=-1), node("MatMul", ["y", "w"], ["p"]),
-                        node("Concat", ["y", "z"], ["c"], axis=1), node("Relu", ["c"], ["q"])], {"x": [6, 32], "z": [6, 4]},
-                       ["p", "q"], {"g": rand(32, seed=1), "bt": rand(32, seed=2), "w": rand(32, 8, seed=3)})
+                        node("Concat", ["y", "z"], ["c"], axis=1), node("Relu", ["c"], ["q"])],
+                       {"x": [6, 32], "z": [6, 4], "w": [32, 8]}, ["p", "q"], {"g": rand(32, seed=1), "bt": rand(32, seed=2)})
     before, after = _fused_both(model)
     assert not any(is_fused_output(i) for i in after.main)
     assert any(k.startswith("layernorm") and "dot" not in k for k in _kernels(after))
     assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_concat_of_the_affine_reads_the_products_stored_rows():
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["y"], axis=-1), node("MatMul", ["y", "w"], ["p"]),
+                        node("Concat", ["y", "z"], ["c"], axis=1), node("Relu", ["c"], ["q"])], {"x": [6, 32], "z": [6, 4]},
+                       ["p", "q"], {"g": rand(32, seed=1), "bt": rand(32, seed=2), "w": rand(32, 8, seed=3)})
+    before, after = _fused_both(model)
+    assert _kernels(after) == ["layernorm_dot_add", "concat_relu"]
+    (selector,) = [i for i in after.main if is_fused_output(i)]
+    assert selector in _fused(after)[1].inputs
+    assert_same_results(before, after, tolerance=1e-5)
 
 
 @pytest.mark.parametrize("reader", ["weights", "epilogue"])

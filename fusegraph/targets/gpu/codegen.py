@@ -102,18 +102,21 @@ def kernel_inputs(fused: Instruction, plan: MemoryPlan) -> KernelInputs:
     names = []
     shapes = []
     constants = {}
+    literals = {}
     for k, x in enumerate(fused.inputs):
         b = plan.of[id(x)]
         first.setdefault(b.id, k)
         names.append(f"x{first[b.id]}")
         shapes.append(physical_shape(x, plan))
+        if is_literal(x):
+            literals[k] = np.asarray(x.op.value)
         if is_literal(x) and x.shape.dtype in INLINED_CONSTANT_TYPES:
-            value = _uniform_value(np.asarray(x.op.value))
+            value = _uniform_value(literals[k])
             if value is not None:
                 constants[k] = value
     out = physical_shape(fused, plan) if stored_buffer_input(fused) is None else None
     further = [strided_shape(b.shape, b.perm) for b in plan.further.get(id(fused), [])]
-    return KernelInputs(shapes, names, out, constants, further)
+    return KernelInputs(shapes, names, out, constants, further, literals)
 
 
 def _uniform_value(values: np.ndarray) -> float | None:

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
+
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Expr, Sum, Var, bounds, free_vars, substitute, to_source
 from fusegraph.ir.index_map import linear_offset
@@ -41,6 +43,9 @@ class KernelInputs:
     is a floating-point literal with one value (a scale, an exponent, or one broadcast by
     constant folding): the kernel writes it as a number instead of loading it in every lane.
     `further` addresses the buffers of the group's further outputs (`out1`, `out2`, ...).
+    `literals` holds the value of each input that is a literal, in its logical layout, for
+    templates whose code depends on the weights' values (a deferred normalization need not
+    sum columns of W that sum to zero: `gemm_prologue.columns_vanish`).
     """
 
     shapes: list[Shape]
@@ -48,6 +53,7 @@ class KernelInputs:
     out: Shape | None = None
     constants: dict[int, float] = field(default_factory=dict)
     further: list[Shape] = field(default_factory=list)
+    literals: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

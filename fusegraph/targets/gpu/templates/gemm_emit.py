@@ -17,7 +17,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
-from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, computed_from, deferrable, emit_row_stores,
+from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, columns_vanish, computed_from, deferrable, emit_row_stores,
                                                              prologue_norms, row_stores, selected_loads)
 from fusegraph.targets.gpu.templates.gemm_reduce import SEGMENT_EMITTERS, PixelSums, emit_pixel_sums, pixel_sum_returns
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
@@ -127,7 +127,9 @@ class GemmEmitter:
         w.emit("rm = pid_m * BM + tl.arange(0, BM)")
         w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
         # two narrower products would each need W's column sums: a period tile normalizes first
-        self.stats = RowStatistics(w, self.norms, spec.a_index, spec.k, self.defer_norm and not period)
+        deferred = self.defer_norm and not period
+        vanish = deferred and columns_vanish(self.module, self.w.inputs, self.norms, self.b_in, spec.b_index)
+        self.stats = RowStatistics(w, self.norms, spec.a_index, spec.k, deferred, vanish)
         self.stats.emit(self.m_bound)
         # a period of a power of two fills its tile exactly: no bound, so Triton sees whole rows
         n_bound = None if period and tile == period else f"(rn[None, :] < {period or spec.n})"

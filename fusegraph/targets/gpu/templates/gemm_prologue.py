@@ -25,10 +25,11 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
-from fusegraph.ir.index_expr import free_vars
+from fusegraph.ir.index_expr import Var, free_vars
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.ir.zero_sum_columns import columns_sum_to_zero
 from fusegraph.ops.base import OpKind, is_load, is_select
-from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile
+from fusegraph.targets.gpu.kernel_writer import Index, KernelInputs, KernelWriter, Tile
 
 
 # Chunks of the statistics loop in flight at once: its loads do not depend on each other, and
@@ -113,6 +114,26 @@ def _row_free(ins: Instruction, index: Index) -> bool:
     return ins.op.kind == OpKind.POINTWISE and all(_row_free(x, index) for x in ins.inputs)
 
 
+def columns_vanish(module: Module, inputs: KernelInputs, norms: list[Instruction], b: Instruction, b_index: Index) -> bool:
+    """Whether a deferred product may skip the column sums of W: its layernorm has no affine
+    (the shift's correction is then `(mean - shift) * sum(W)`) and W is a literal read as
+    [..., K, N] (k and n on its last two axes, as they are) whose every column sums to zero
+    within rounding (`fold_norm_affine` stores a centered norm's weights so), where that term
+    is zero."""
+    if len(norms[0].inputs) != 1:
+        return False
+    position = next(k for k, p in enumerate(module.params.values()) if p is b.inputs[0])
+    value = inputs.literals.get(position)
+    if value is None:
+        return False
+    exprs = b.op.attrs["map"].apply(b_index, check=False)
+    names = [sorted(v.name for v in free_vars(e)) for e in exprs]
+    whole = [isinstance(e, Var) for e in exprs[-2:]] == [True, True]
+    if not whole or names[-2:] != [["rk"], ["rn"]] or any({"rk", "rn"} & set(n) for n in names[:-2]):
+        return False
+    return columns_sum_to_zero(value)
+
+
 class RowStatistics:
     """Emits the statistics of the prologue's layernorms and gives their normalized values.
 
@@ -135,8 +156,10 @@ class RowStatistics:
     deferred there.
     """
 
-    def __init__(self, w: KernelWriter, norms: list[Instruction], a_index: Index, k: int, deferred: bool = False) -> None:
+    def __init__(self, w: KernelWriter, norms: list[Instruction], a_index: Index, k: int, deferred: bool = False,
+                 sums_vanish: bool = False) -> None:
         self.w, self.norms, self.a_index, self.k, self.deferred = w, norms, a_index, k, deferred
+        self.sums = deferred and not sums_vanish  # the k loop takes W's weighted column sums
         self.final = False  # true while the rows are stored after a deferred product
         self.names: dict[int, tuple[str, str]] = {}
         for ln in norms:
@@ -155,8 +178,9 @@ class RowStatistics:
             w.emit(f"ln{j}_m2 = tl.zeros([BM], dtype=tl.float32)")
             w.emit(f"ln{j}_rstd = tl.zeros([BM], dtype=tl.float32)")
         if self.deferred:
-            w.emit("ln_wsum = tl.zeros([16, BN], dtype=tl.float32)")
             w.emit("ln0_shift = tl.zeros([BM], dtype=tl.float32)")
+        if self.sums:
+            w.emit("ln_wsum = tl.zeros([16, BN], dtype=tl.float32)")
             w.emit("ln_r16 = tl.arange(0, 16)")
         with w.block("if SPLIT > 1:") if self.deferred else nullcontext():
             for loop in self._loops():
@@ -194,7 +218,7 @@ class RowStatistics:
     def column_sums(self, b_tile: str, operand: str, precision: str) -> None:
         """In the k loop of a deferred kernel: add gamma * W and beta * W of the chunk's B rows
         into the weighted column sums (rows 0 and 1 of `ln_wsum`)."""
-        if self.deferred:
+        if self.sums:
             with self.w.block("if SPLIT == 1:"):
                 self.w.emit(f"ln_wsum = tl.dot(tl.broadcast_to(ln_s, [16, BK]).to({operand}), {b_tile}, ln_wsum{precision})")
 
@@ -207,10 +231,13 @@ class RowStatistics:
         w, ln = self.w, self.norms[0]
         with w.block("if SPLIT == 1:"):
             self._rstd([(0, ln)])
-            offset = "(ln0_mean - ln0_shift)" if ln.op.center else "(-ln0_shift)"  # an RMS norm's rows keep their mean
-            w.emit("ln_gw = tl.sum(tl.where(ln_r16[:, None] == 0, ln_wsum, 0.0), 0)")
-            beta = " + tl.sum(tl.where(ln_r16[:, None] == 1, ln_wsum, 0.0), 0)[None, :]" if len(ln.inputs) == 3 else ""
-            w.emit(f"{acc} = ({acc} - {offset}[:, None] * ln_gw[None, :]) * ln0_rstd[:, None]{beta}")
+            if self.sums:
+                offset = "(ln0_mean - ln0_shift)" if ln.op.center else "(-ln0_shift)"  # an RMS norm's rows keep their mean
+                w.emit("ln_gw = tl.sum(tl.where(ln_r16[:, None] == 0, ln_wsum, 0.0), 0)")
+                beta = " + tl.sum(tl.where(ln_r16[:, None] == 1, ln_wsum, 0.0), 0)[None, :]" if len(ln.inputs) == 3 else ""
+                w.emit(f"{acc} = ({acc} - {offset}[:, None] * ln_gw[None, :]) * ln0_rstd[:, None]{beta}")
+            else:  # the columns of W sum to zero: so does the shift's correction
+                w.emit(f"{acc} = {acc} * ln0_rstd[:, None]")
             if stores:
                 self.final = True
                 with w.block(f"for k1 in range(pid_n * BK, {self.k}, BK * tl.num_programs(1)):"):
@@ -270,9 +297,10 @@ class RowStatistics:
                 self.w.emit(f"ln0_shift = tl.where(ln_seen == 0, {chunk_mean}, ln0_shift)")
                 gamma, beta = affine or ("1.0", "0.0")
                 self.w.emit(f"{name} = ({x} - ln0_shift[:, None]) * {gamma}" if affine else f"{name} = {x} - ln0_shift[:, None]")
-                # the 16 rows whose product with the B tile adds gamma * W and beta * W (gamma and beta
-                # ignore the row: `deferrable`), zero past K as their loads are
-                self.w.emit(f"ln_s = tl.where(ln_r16[:, None] == 0, {gamma}, tl.where(ln_r16[:, None] == 1, {beta}, 0.0))")
+                if self.sums:
+                    # the 16 rows whose product with the B tile adds gamma * W and beta * W (gamma and beta
+                    # ignore the row: `deferrable`), zero past K as their loads are
+                    self.w.emit(f"ln_s = tl.where(ln_r16[:, None] == 0, {gamma}, tl.where(ln_r16[:, None] == 1, {beta}, 0.0))")
             with self.w.block("else:"):
                 self.w.emit(f"{name} = {normalized}")
             return name
