@@ -169,16 +169,19 @@ def progress_log(every_s: float = 15.0) -> Callable[[str, int, int], None]:
     return show
 
 
-def bench_parser(doc: str) -> argparse.ArgumentParser:
+def bench_parser(doc: str, cpu_smoke: bool = True) -> argparse.ArgumentParser:
     """A script's argument parser (its docstring's first paragraph as description) with the
-    options every benchmark shares."""
+    options every benchmark shares; `cpu_smoke`: whether the script has a CPU smoke run, so
+    that --device's help does not promise one a script refuses."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(parser)
+    add_common_args(parser, cpu_smoke)
     return parser
 
 
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run of the torch contenders)")
+def add_common_args(parser: argparse.ArgumentParser, cpu_smoke: bool = True) -> None:
+    parser.add_argument("--device", default="cuda",
+                        help="cuda (default) or cpu (a smoke run of the torch contenders)" if cpu_smoke
+                        else "cuda (the default and the only choice: this benchmark times CUDA graphs)")
     parser.add_argument("--quick", action="store_true", help="few runs: a smoke test, not a measurement")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     parser.add_argument("--tolerance", type=float, default=1e-2,

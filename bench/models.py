@@ -294,7 +294,7 @@ def results_table(rows: list[Row]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser(__doc__)
+    parser = bench_parser(__doc__, cpu_smoke=False)
     parser.add_argument("--models", default=",".join(SPECS), help="comma-separated zoo models (default: all)")
     parser.add_argument("--batches", default="1,32", help="comma-separated batch sizes (default 1,32)")
     parser.add_argument("--modes", default="fusegraph,eager,compile",
