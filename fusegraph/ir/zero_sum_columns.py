@@ -32,12 +32,14 @@ def zero_sum_columns(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     one step of its own binade, and only while that step brings its column's sum closer to
     zero; the walk ends once every column is within a quarter of the bound (a few dozen rows:
     a typical value's step is a sizeable share of the residual)."""
-    centered = w - w.mean(axis=-2, keepdims=True)
-    stored = centered.astype(dtype).astype(np.float64)
+    # half types' values and steps are exact in float32, which is faster to convert; sums in float64
+    work = np.float64 if np.dtype(dtype).itemsize >= 4 else np.float32
+    centered = (w - w.mean(axis=-2, keepdims=True)).astype(work)
+    stored = centered.astype(dtype).astype(work)
     info = ml_dtypes.finfo(dtype)
     mantissa, finest = info.nmant, float(info.smallest_subnormal)  # subnormals share one step
-    target = ZERO_SUM_SHARE / 4 * _unit_roundoff(np.dtype(dtype)) * np.sqrt((stored * stored).sum(axis=-2))
-    residual = stored.sum(axis=-2)
+    target = ZERO_SUM_SHARE / 4 * _unit_roundoff(np.dtype(dtype)) * np.sqrt(np.square(stored, dtype=np.float64).sum(axis=-2))
+    residual = stored.sum(axis=-2, dtype=np.float64)
     for j in range(w.shape[-2]):
         if (np.abs(residual) <= target).all():
             break
@@ -46,7 +48,7 @@ def zero_sum_columns(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
         step = np.maximum(np.exp2(np.floor(np.log2(np.where(magnitude > 0, magnitude, 1.0))) - mantissa), finest)
         move = np.where((magnitude > 0) & (np.abs(residual) > step / 2), np.copysign(step, residual), 0.0)
         stored[..., j, :] = row - move
-        residual = residual - move
+        residual = residual - move.astype(np.float64)
     return stored.astype(dtype)
 
 

@@ -112,14 +112,15 @@ class FoldNormAffine:
             affine = _affine(ln)
             readers = module.users().get(ln, [])
             paths = {id(u): _path(module, u, ln) for u in readers}
-            products = [p for p in paths.values() if p is not None and _weights(p[1])]
+            weights = {id(u): _weights(p[1]) for u in readers if (p := paths[id(u)]) is not None}
+            products = [(paths[k], w) for k, w in weights.items() if w is not None]
             if affine is None or not products:
                 return False
             norm = module.make(type(ln.op)(ln.op.attrs["axis"], ln.op.attrs["epsilon"]), [ln.inputs[0]], ln.origin)
             module.insert_before(ln, norm)
-            for views, product in products:
-                self._rewrite(module, product, views, norm, *affine)
-            others = [u for u in readers if not (paths[id(u)] and _weights(paths[id(u)][1]))]
+            for (views, product), w in products:
+                self._rewrite(module, product, views, w, norm, *affine)
+            others = [u for u in readers if weights.get(id(u)) is None]
             if others:  # they read the norm's affine, two pointwise ops on the stored norm
                 scaled = module.make(make_op("mul"), [norm, ln.inputs[1]], ln.origin)
                 shifted = module.make(make_op("add"), [scaled, ln.inputs[2]], ln.origin)
@@ -131,11 +132,12 @@ class FoldNormAffine:
 
         return rewrite_each(module, fold, drop_dead=True)
 
-    def _rewrite(self, module: Module, product: Instruction, views: list[Instruction], norm: Instruction,
-                 gamma: np.ndarray, beta: np.ndarray) -> None:
-        """`product` reading `norm` (through the same views) with weights scaled by gamma, plus
-        the bias beta W; a centered norm's weights stored with columns that sum to zero."""
-        lit, w = _weights(product)  # type: ignore[misc]
+    def _rewrite(self, module: Module, product: Instruction, views: list[Instruction],
+                 literal: tuple[Instruction, np.ndarray], norm: Instruction, gamma: np.ndarray, beta: np.ndarray) -> None:
+        """`product` reading `norm` (through the same views) with its weights (`literal`, from
+        `_weights`: the literal and its value) scaled by gamma, plus the bias beta W; a centered
+        norm's weights stored with columns that sum to zero."""
+        lit, w = literal
         wide = w.astype(np.float64)
         scaled = gamma.astype(np.float64)[:, None] * wide
         if norm.op.center and DType.from_numpy(w.dtype).is_float:
