@@ -7,7 +7,7 @@ shift; when the stored columns sum to zero that term vanishes and the kernel nee
 the sums. Centering in float64 is not enough: rounding to the storage type leaves each column
 a residual of about the unit roundoff times its norm, as large as the error budget of a half
 precision product. So the rounded values are nudged, each by at most one step of its type,
-until every column's sum of the stored values is below half the step of its smallest element.
+until every column's sum of the stored values is well inside `columns_sum_to_zero`'s bound.
 """
 
 from __future__ import annotations

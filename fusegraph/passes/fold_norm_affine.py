@@ -15,7 +15,7 @@ vector c: the folded weights are stored with each column's mean subtracted, roun
 each column of the stored values sums to zero (`zero_sum_columns`). A product that normalizes
 after its k loop (`gemm_prologue.RowStatistics`, deferred) must subtract `sum(W)` times its
 rows' shift; with columns that sum to zero that term vanishes, and the kernel takes no column
-sums of W at all (`zero_column_sums`).
+sums of W at all (`gemm_prologue.columns_vanish`).
 """
 
 from __future__ import annotations

@@ -148,11 +148,13 @@ class PrologueRule:
             return None
         ops: list[Instruction] = []
         ends: list[Instruction] = []
+        seen: set[int] = set()
         stack = list(outside)
         while stack:
             u = stack.pop()
-            if any(u is o for o in ops):
+            if id(u) in seen:
                 continue
+            seen.add(id(u))
             ops.append(u)
             readers = self.users.get(u, [])
             if id(u) in self.returned or not readers or not all(_on_constants(r, u) for r in readers):

@@ -126,10 +126,10 @@ def columns_vanish(module: Module, inputs: KernelInputs, norms: list[Instruction
     value = inputs.literals.get(position)
     if value is None:
         return False
-    exprs = b.op.attrs["map"].apply(b_index, check=False)
-    names = [sorted(v.name for v in free_vars(e)) for e in exprs]
-    whole = [isinstance(e, Var) for e in exprs[-2:]] == [True, True]
-    if not whole or names[-2:] != [["rk"], ["rn"]] or any({"rk", "rn"} & set(n) for n in names[:-2]):
+    *lead, k, n = b.op.attrs["map"].apply(b_index, check=False)
+    if not (isinstance(k, Var) and k.name == "rk" and isinstance(n, Var) and n.name == "rn"):
+        return False
+    if any(v.name in ("rk", "rn") for e in lead for v in free_vars(e)):
         return False
     return columns_sum_to_zero(value)
 
