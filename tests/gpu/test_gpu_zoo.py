@@ -82,10 +82,6 @@ def test_tuned_fp16_model_runs_bit_identically_twice(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not has_gpu(), reason="batch 32 is minutes under the interpreter, where these kernels agree "
                     "(the first layer alone, cut from the graph, passes there): runs on a GPU")
-@pytest.mark.xfail(reason="on an H100 with Triton 3.6, BERT-base at batch 32 in fp16 (untuned configs: 128x256 tiles, "
-                   "8 warps) gets non-finite values from its first layernorm + fc1 + GELU kernel "
-                   "(`verify bert_base --batch 32 --target gpu --fp16 --bisect --no-tune`; "
-                   "bench/results/models-transformers-b32-h100.md): a defect not yet located", strict=False)
 def test_bert_base_at_batch_32_in_fp16_on_gpu_target() -> None:
     """The post-norm layers' products at batch 32 (M = 4096) take the large tiles that batch 1
     never does; their output against the reference target at the same batch."""

@@ -228,6 +228,13 @@ class GemmEmitter:
         conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
         av = w.value(self.a_in, ta, spec.a_index, tuple(conds))
         emit_row_stores(w, self.row_stores, ta, spec.a_index, self.stats.deferred)
+        if self.row_stores:
+            # Triton 3.6 on Hopper miscompiles a kernel that stores prologue rows (in this loop or
+            # after it) at some large tiles: with 128x256 tiles and 8 warps, products at batch 32
+            # of BERT-base came out NaN in a few hundred rows per run, varying from run to run.
+            # All threads meeting here before the chunk enters the product gave right results in
+            # each of the six configs tried (`tests/gpu/test_gpu_prologue_layernorm_store.py`).
+            w.emit("tl.debug_barrier()")
         if conds and not self.a_plain:  # a computed prologue is zero in the padding too
             av = w.let(f"tl.where({' & '.join(conds)}, {av}, 0.0)")
         if not spec.taps and not self.a_masked:  # lanes past k must add nothing, also where A's index ignores k
