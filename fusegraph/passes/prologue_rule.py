@@ -20,11 +20,14 @@ own that writes a tensor the anchor then reads back. The rule, per producer P of
   are written in place into one buffer already, at no cost, and a select would only add masks.
 * P is a layernorm (or an RMS norm) over the last axis (of one input, its affine folded into
   the weights by `fold_norm_affine`, or of three: x and gamma, beta broadcast to it), read by
-  this product along that axis (its K) with each row whole: the kernel computes the row
+  this product along that axis (its K) with each row whole, the product having at most
+  `NORM_PROLOGUE_MAX_ROWS` rows or the rows at most `NORM_PROLOGUE_ANY_ROWS_K` elements (else the
+  norm's own kernel measured cheaper): the kernel computes the row
   statistics and normalizes, the affine applied (`templates/gemm_prologue.py`: in the k loop
   and after the product, or in a loop of their own before it). When every other reader is a
   product reading its rows the same way, each computes it and nothing stores it. Otherwise (a residual add reads it,
-  as in BERT's post-norm layers, or it is returned) the first product in program order that
+  as in BERT's post-norm layers, or it is returned) it keeps its own kernel, which measured
+  faster; with `FUSEGRAPH_STORE_NORMS=1` the first product in program order that
   reads it as A through a bijective map (`FuseAnchors` visits anchors in that order) computes
   it and also stores it, whole, as a further output of its group (`stored`): its other
   readers, other products included, read that tensor, and the layernorm's own kernel goes
@@ -41,6 +44,7 @@ a plain load, which their layout and tiling rely on.
 from __future__ import annotations
 
 import math
+import os
 
 from fusegraph.ir.index_expr import free_vars
 from fusegraph.ir.index_map import IndexMap
@@ -51,6 +55,20 @@ from fusegraph.passes.literal_values import broadcast_literal
 
 RECOMPUTE_BUDGET = 8  # pointwise ops per element of A, summed over its reads, for a value also computed elsewhere
 N_TILE = 128  # the widest N tile of the GEMM template: each N tile reads all of A once
+# A layernorm in a product's prologue is computed again by every N tile, each first walking its
+# rows' K for the statistics; its own kernel costs a launch and a round trip of its rows. Measured
+# on an H100 (fp16, Triton 3.6; one product, end to end in a CUDA graph) the prologue won with
+# short rows at any count (ConvNeXt-T's and Swin-T's first stage, 3136 rows of 96) and with few
+# rows (ViT-S/16 at batch 1, 197 of 384: 0.354 ms against 0.372 split), was even at 256 rows of
+# 384, and lost beyond (512 rows of 384: 11.9 against 11.2 us; 4096: 40.8 against 30.0 us; 512
+# of 768: 22.2 against 15.3 us; ViT-S/16 at batch 32: 1.338 against 1.231 ms).
+NORM_PROLOGUE_MAX_ROWS = 256
+NORM_PROLOGUE_ANY_ROWS_K = 192  # rows this short are normalized inside at any count (none measured longer)
+# A layernorm that other readers need too (BERT's post-norms) is computed in the product and
+# stored by it only on request: the stored rows cost more than the norm's own kernel at every
+# batch measured (BERT-base on an H100, fp16: batch 1 0.612 ms stored against 0.442 split,
+# batch 8 1.160 against 0.744, batch 32 3.092 against 2.195).
+STORE_NORMS_ENV = "FUSEGRAPH_STORE_NORMS"
 
 
 def reads_per_element(anchor: Instruction) -> int:
@@ -84,13 +102,13 @@ class PrologueRule:
     """The rule above for one anchor of `module`: `__call__` is `GroupBuilder`'s `inline`
     predicate while the anchor's A operand is gathered; `inside` grows with what it accepts."""
 
-    def __init__(self, module: Module, anchor: Instruction, may_store: bool = True) -> None:
+    def __init__(self, module: Module, anchor: Instruction, may_store: bool | None = None) -> None:
         self.anchor, self.module = anchor, module
         self.users = module.users()
         self.returned = {id(r) for r in module.returns}
         self.inside: set[int] = {id(anchor)}
         self.reads = reads_per_element(anchor) if anchor.op.family == "gemm" else 0
-        self.may_store = may_store
+        self.may_store = os.environ.get(STORE_NORMS_ENV) == "1" if may_store is None else may_store
         self.stored: list[Instruction] = []  # layernorms the kernel computes and also stores for other readers
 
     def __call__(self, ins: Instruction, at: IndexMap | None = None) -> bool:
@@ -181,11 +199,14 @@ class PrologueRule:
         """A layernorm over its last axis, read by this product's A at rows that keep that
         axis whole (`at` sends the last index to the last). Computed without a store when its
         other readers are matrix products reading it as A (each computes the statistics);
-        else also stored, where `at` reaches each element once and no concat reads it."""
+        else also stored when the rule may store (`STORE_NORMS_ENV`), where `at` reaches
+        each element once and no concat reads it."""
         rank = ln.shape.ndim
         if ln.op.attrs["axis"] != rank - 1 or not self.anchor.op.k_is_last_axis:
             return False
         if not keeps_last_axis(at, ln.shape.lens[-1]):
+            return False
+        if ln.shape.lens[-1] > NORM_PROLOGUE_ANY_ROWS_K and product_rows(self.anchor) > NORM_PROLOGUE_MAX_ROWS:
             return False
         readers, returned = self._readers(ln)
         if not returned and all(id(u) in self.inside or reads_rows(u, ln) for u in readers):
@@ -196,6 +217,11 @@ class PrologueRule:
             return False
         self.stored.append(ln)
         return True
+
+
+def product_rows(anchor: Instruction) -> int:
+    """The rows M of a matrix product's output: its elements over its N (output channels)."""
+    return anchor.shape.elements // max(1, anchor.shape.lens[anchor.op.channel_axis(anchor.shape.ndim)])
 
 
 def keeps_last_axis(at: IndexMap, k: int) -> bool:

@@ -12,9 +12,17 @@ import numpy as np
 import pytest
 
 from fusegraph import api, parse_onnx
+from fusegraph.passes.prologue_rule import STORE_NORMS_ENV
 from tests.gpu.test_gpu_kernels import TOL, check_gpu, node
 from tests.helpers import has_gpu, make_model, rand, rel_err
 from tests.passes.test_prologue_layernorm_store import chained_norms, post_norm_block, post_norm_layer
+
+
+@pytest.fixture(autouse=True)
+def _stored_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stores these tests check are taken on request only (`prologue_rule.STORE_NORMS_ENV`)."""
+    monkeypatch.setenv(STORE_NORMS_ENV, "1")
+
 
 FP16_TOL = 5e-3  # fp16 operands, weights and stored rows against the fp32 reference (measured 4.5e-4)
 

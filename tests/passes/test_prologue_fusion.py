@@ -18,7 +18,8 @@ from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.fuse_anchors import FuseAnchors
 from fusegraph.passes.pipeline import fuse
-from fusegraph.passes.prologue_rule import RECOMPUTE_BUDGET, pointwise_ops, reads_per_element
+from fusegraph.passes.prologue_rule import (NORM_PROLOGUE_ANY_ROWS_K, NORM_PROLOGUE_MAX_ROWS, RECOMPUTE_BUDGET,
+                                           STORE_NORMS_ENV, pointwise_ops, reads_per_element)
 from tests.helpers import assert_same_results, make_model, op_names, rand
 
 TOLERANCE = 1e-6  # the same ops on the same values, in the same order
@@ -203,15 +204,32 @@ def test_layernorm_before_gemm_with_bias_gives_one_bias_add():
     assert_same_results(before, after, tolerance=NORM_TOLERANCE)
 
 
-def test_layernorm_with_another_kind_of_reader_is_computed_by_the_product_and_stored():
-    """The relu needs the normalized tensor with its affine: the affine moves into the
-    product's weights and bias, the product computes the norm, and the relu of
-    norm * gamma + beta (pointwise ops on the norm and constants, all its other readers) is
-    computed there too and stored as a further output: one kernel, no layernorm of its own
-    (tests/passes/test_prologue_layernorm_store.py)."""
-    model = make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"]),
-                        node("Relu", ["t"], ["z"])], {"x": [6, 32]}, ["y", "z"],
-                       {"g": rand(32, seed=1), "b": rand(32, seed=2), "w": rand(32, 8, seed=3)})
+def _norm_with_a_relu_reader():
+    return make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"]),
+                       node("Relu", ["t"], ["z"])], {"x": [6, 32]}, ["y", "z"],
+                      {"g": rand(32, seed=1), "b": rand(32, seed=2), "w": rand(32, 8, seed=3)})
+
+
+def test_layernorm_with_another_kind_of_reader_keeps_its_kernel_by_default():
+    """The relu needs the normalized tensor too: storing it from the product measured slower
+    than the norm's own kernel (`prologue_rule.STORE_NORMS_ENV`), so the norm (with the relu)
+    is a kernel of its own and the product reads what it writes."""
+    model = _norm_with_a_relu_reader()
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    kernels = [f.op.attrs["kernel"] for f in _fused(after)]
+    assert len(kernels) == 2 and kernels[0].startswith("layernorm") and "dot" in kernels[1]
+    assert "layernorm" not in kernels[1]
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+
+
+def test_layernorm_with_another_kind_of_reader_is_computed_by_the_product_and_stored_on_request(monkeypatch):
+    """With `STORE_NORMS_ENV` set, the affine moves into the product's weights and bias, the
+    product computes the norm, and the relu of norm * gamma + beta (pointwise ops on the norm
+    and constants, all its other readers) is computed there too and stored as a further output:
+    one kernel, no layernorm of its own (tests/passes/test_prologue_layernorm_store.py)."""
+    monkeypatch.setenv(STORE_NORMS_ENV, "1")
+    model = _norm_with_a_relu_reader()
     before, after = parse_onnx(model), parse_onnx(model)
     fuse(after)
     (product,) = _fused(after)
@@ -221,6 +239,21 @@ def test_layernorm_with_another_kind_of_reader_is_computed_by_the_product_and_st
     assert product.op.module.returns[1].inputs[1].op.name == "relu"
     assert after.main.returns[1].op.name == "fused_output" and after.main.returns[1].inputs == [product]
     assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+
+
+def test_layernorm_keeps_its_kernel_in_front_of_a_product_with_many_long_rows():
+    """Past `NORM_PROLOGUE_MAX_ROWS` rows longer than `NORM_PROLOGUE_ANY_ROWS_K`, the product's
+    tiles would each compute the statistics again at a cost above the norm's own kernel: the
+    norm is a kernel, the product a plain one. Short rows stay inside at any count."""
+    long_k, short_k = NORM_PROLOGUE_ANY_ROWS_K + 8, NORM_PROLOGUE_ANY_ROWS_K
+    for rows, k, inside in [(NORM_PROLOGUE_MAX_ROWS, long_k, True), (NORM_PROLOGUE_MAX_ROWS + 1, long_k, False),
+                            (4 * NORM_PROLOGUE_MAX_ROWS, short_k, True)]:
+        model = _layernorm_model("MatMul", [1, rows, k], k, 8)
+        after = parse_onnx(model)
+        fuse(after)
+        kernels = [f.op.attrs["kernel"] for f in _fused(after)]
+        assert (kernels == ["layernorm_dot_add"]) == inside, (rows, k, kernels)
+        assert len(kernels) == (1 if inside else 2)
 
 
 def _layernorm_transpose_matmul(perm: list[int]):

@@ -17,7 +17,15 @@ from fusegraph import parse_onnx
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.ops.base import is_fused_output, is_load, is_param, is_store
 from fusegraph.passes.pipeline import fuse
+from fusegraph.passes.prologue_rule import STORE_NORMS_ENV
 from tests.helpers import assert_same_results, make_model, rand
+
+
+@pytest.fixture(autouse=True)
+def _stored_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stores these tests check are taken on request only (`prologue_rule.STORE_NORMS_ENV`)."""
+    monkeypatch.setenv(STORE_NORMS_ENV, "1")
+
 
 TOLERANCE = 1e-6  # the same ops on the same values: only the products' sums may round differently
 M, K, H = 7, 48, 40
