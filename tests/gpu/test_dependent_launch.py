@@ -1,6 +1,7 @@
 """Programmatic dependent launch (`FUSEGRAPH_DEPENDENT_LAUNCH=1`, kernel_source.py
 `with_dependent_launch`): every kernel waits for the one before it before its first load or
 store and then lets the next one launch, and is launched with Triton's `launch_pdl` option;
+before its wait a product prefetches its weight into L2 (`templates/gemm_prefetch.py`);
 the interpreter, which runs one kernel at a time, gets the plain kernels. The sm_90 build
 shows the two grid-dependency instructions in the PTX."""
 
@@ -35,7 +36,9 @@ def test_every_compiled_kernel_waits_first_and_launches_dependent(monkeypatch):
     for src in kernels:
         lines = src.body.split("\n")
         at = next(i for i, line in enumerate(lines) if line.startswith(f"def {src.name}("))
-        assert lines[at + 1:at + 3] == DEPENDENT_LAUNCH_LINES
+        wait = at + 1 + len(src.before_wait)
+        assert lines[at + 1:wait] == src.before_wait
+        assert lines[wait:wait + 2] == DEPENDENT_LAUNCH_LINES
         assert src.dependent_launch
         constexprs, options = src.launch_arguments(src.configs[0])
         assert options["launch_pdl"] is True and "launch_pdl" not in constexprs
@@ -43,6 +46,25 @@ def test_every_compiled_kernel_waits_first_and_launches_dependent(monkeypatch):
     plain = program_kernels(program)
     assert all(not s.dependent_launch and "gdc_wait" not in s.body for s in plain)
     assert {s.name for s in plain}.isdisjoint(s.name for s in kernels)  # other sources, other names
+
+
+def test_only_a_product_with_a_weight_prefetches_it_before_its_wait(monkeypatch):
+    """The conv's weight is a literal: its kernel prefetches it, one lane a line (32 floats)
+    apart along the weight's contiguous axis, the first row tile only; the softmax reads
+    nothing constant, and a product of two inputs has no weight."""
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "1")
+    program = parse_onnx(two_kernel_model())
+    fuse(program)
+    conv, softmax = program_kernels(program)
+    assert softmax.before_wait == []
+    text = "\n".join(conv.before_wait)
+    assert "prefetch.global.L2" in text and "tl.program_id(0) == 0" in text and "* 32" in text
+    assert "tl.load" not in text and "tl.store" not in text and "gdc_wait" not in text
+    product = make_model([node("MatMul", ["a", "b"], ["y"])], {"a": [1, 8, 16], "b": [1, 16, 24]}, ["y"])
+    program = parse_onnx(product)
+    fuse(program)
+    (mm,) = program_kernels(program)
+    assert mm.before_wait == [] and "gdc_wait" in mm.body
 
 
 def test_the_interpreter_runs_the_plain_kernels(monkeypatch):
@@ -58,10 +80,12 @@ def test_a_dependent_launch_kernel_builds_for_sm90():
 
     program = parse_onnx(two_kernel_model())
     fuse(program)
-    src = with_dependent_launch(program_kernels(program)[1])
+    conv, softmax = (with_dependent_launch(k) for k in program_kernels(program))
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_compiled) as pool:
-        ptx = pool.submit(_ptx, src, [DType.float32] * len(src.args)).result(timeout=300)
-    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+        ptx = [pool.submit(_ptx, src, [DType.float32] * len(src.args)).result(timeout=300) for src in (conv, softmax)]
+    assert all("griddepcontrol.wait" in p and "griddepcontrol.launch_dependents" in p for p in ptx)
+    assert "prefetch.global.L2" in ptx[0] and "prefetch.global.L2" not in ptx[1]
+    assert ptx[0].index("prefetch.global.L2") < ptx[0].index("griddepcontrol.wait")
 
 
 def _compiled() -> None:

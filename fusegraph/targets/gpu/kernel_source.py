@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 LIBDEVICE = {
@@ -50,6 +50,9 @@ class KernelSource:
     default_tune: int = 0  # candidates the default tune times; 0: DEFAULT_TUNE_CONFIGS
     pixel_sums: Any = None  # a GEMM's sums over its pixels (templates/gemm_reduce.PixelSums), for their scratch
     dependent_launch: bool = False  # launched with programmatic dependent launch (`with_dependent_launch`)
+    # body lines a kernel may run before its predecessor has finished, under dependent launch:
+    # L2 prefetches of the weights it reads (`templates/gemm_prefetch.py`)
+    before_wait: list[str] = field(default_factory=list)
 
     @property
     def source(self) -> str:
@@ -98,8 +101,12 @@ def with_dependent_launch(src: KernelSource) -> KernelSource:
     still reads: when a kernel passes its wait, the one before it has finished, and that one
     had passed its own wait, so all earlier kernels have. It lets its successor launch at once
     (`gdc_launch_dependents`): the successor's programs are placed only once every program of
-    this kernel has started, so they never take the place of one still to run."""
+    this kernel has started, so they never take the place of one still to run.
+
+    Before its wait a kernel may touch only memory no kernel writes: its `before_wait` lines
+    pull its weights into L2 while its predecessor still runs, so at batch 1, where a
+    product's time is the latency of its weight reads, the k loop finds them on chip."""
     lines = src.body.split("\n")
     at = next(i for i, line in enumerate(lines) if line.startswith(f"def {src.name}("))
-    lines[at + 1:at + 1] = DEPENDENT_LAUNCH_LINES
+    lines[at + 1:at + 1] = src.before_wait + DEPENDENT_LAUNCH_LINES
     return replace(src, body="\n".join(lines), dependent_launch=True)

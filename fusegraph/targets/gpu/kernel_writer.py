@@ -243,19 +243,7 @@ class KernelWriter:
                 name = self.let(f"tl.full([], {literal(float(value))}, {TRITON_TYPES[compute_type(ins.shape.dtype)]})", "c")
                 self.constant_of[name] = value
                 return name
-        m = ins.op.attrs["map"]
-        arg, shape = self.buffer(ins.inputs[0])
-        idx = m.apply(index, check=False)
-        addr = linear_offset(idx, shape.strides, shape.offset)
-        dconds, dvars = self.domain_conds(ins, tile, index)
-        addr_vars = self._vars_of([addr]) & tile.dims
-        # a product's operand (a raw load) is zero past every bound of its tile, also along a dim
-        # its address ignores (k of length 1): the padding lanes would otherwise add it again
-        whole = bool(mask) or id(ins) in self.raw_loads
-        used = addr_vars | dvars | (tile.dims if whole else set())
-        # tile-shaped conditions first: a scalar condition on the left of `&` breaks the interpreter
-        conds = tile.mask_for(used) + dconds + list(mask)
-        ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(used - addr_vars)}"
+        ptr, conds = self.pointer(ins, tile, index, mask)
         if conds:
             code = f"tl.load({ptr}, mask={tile.conjunction(conds)}, other=0)"
         else:
@@ -264,6 +252,25 @@ class KernelWriter:
         if compute_type(dtype) != dtype and id(ins) not in self.raw_loads:
             code += f".to({TRITON_TYPES[compute_type(dtype)]})"
         return self.let(code, "ld")
+
+    def address(self, ins: Instruction, index: Index) -> Expr:
+        """The element offset a load reads at `index`, inside its buffer (its argument's)."""
+        shape = self.buffer(ins.inputs[0])[1]
+        return linear_offset(ins.op.attrs["map"].apply(index, check=False), shape.strides, shape.offset)
+
+    def pointer(self, ins: Instruction, tile: Tile, index: Index, mask: tuple[str, ...] = ()) -> tuple[str, list[str]]:
+        """The pointers a load reads on `tile` and the conditions of the lanes that read."""
+        arg = self.buffer(ins.inputs[0])[0]
+        addr = self.address(ins, index)
+        dconds, dvars = self.domain_conds(ins, tile, index)
+        addr_vars = self._vars_of([addr]) & tile.dims
+        # a product's operand (a raw load) is zero past every bound of its tile, also along a dim
+        # its address ignores (k of length 1): the padding lanes would otherwise add it again
+        whole = bool(mask) or id(ins) in self.raw_loads
+        used = addr_vars | dvars | (tile.dims if whole else set())
+        # tile-shaped conditions first: a scalar condition on the left of `&` breaks the interpreter
+        conds = tile.mask_for(used) + dconds + list(mask)
+        return f"{arg} + {tile.code(addr)}{tile.zero_for(used - addr_vars)}", conds
 
     def domain_conds(self, ins: Instruction, tile: Tile, index: Index) -> tuple[list[str], set[str]]:
         """Conditions of a load's or store's domain at `index`, and the tile variables they use;

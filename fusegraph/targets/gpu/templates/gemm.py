@@ -13,6 +13,7 @@ from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import KernelInputs
 from fusegraph.targets.gpu.templates.gemm_configs import gemm_configs
 from fusegraph.targets.gpu.templates.gemm_emit import GemmEmitter
+from fusegraph.targets.gpu.templates.gemm_prefetch import weight_prefetch
 from fusegraph.targets.gpu.templates.gemm_reduce import run_length
 from fusegraph.targets.gpu.templates.gemm_spec import channel_period, gemm_spec, split_by_period
 from fusegraph.targets.gpu.templates.registry import lowers
@@ -39,4 +40,4 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(spec.m, "BM", None), n_grid, (spec.batch, None, "SPLIT")],
                         flops=spec.flops, default_tune=default_tune,
-                        pixel_sums=emitter.pixel_sums)
+                        pixel_sums=emitter.pixel_sums, before_wait=weight_prefetch(emitter.w, spec, emitter.b_in, period))
