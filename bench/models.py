@@ -8,8 +8,8 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   else the batch-1 graph with its batch constants rewritten), compiled for the GPU with default
   tuning, timed as replays of its CUDA graph; its cold compile time (parse, compile, first run)
   is printed and tabled;
-* fusegraph-pdl: the same with every kernel built for programmatic dependent launch
-  (FUSEGRAPH_DEPENDENT_LAUNCH=1; sm_90 and later; not in the default modes);
+* fusegraph-plain: the same without programmatic dependent launch (FUSEGRAPH_DEPENDENT_LAUNCH=0,
+  while fusegraph has it on sm_90 and later; not in the default modes);
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -54,7 +54,7 @@ from fusegraph.driver.inputs import input_ranges
 from fusegraph.driver.perf import compile_phase_lines
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 
-MODES = ("fusegraph", "fusegraph-pdl", "eager", "compile", "max-autotune")
+MODES = ("fusegraph", "fusegraph-plain", "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -142,13 +142,13 @@ def fp32_reference(case: Case) -> torch.Tensor:
         return torch.from_numpy(np.asarray(sess.run([case.output_name], feeds)[0])).to(case.device)
 
 
-def run_fusegraph(case: Case, iters: int, dependent_launch: bool = False) -> Row:
-    """fusegraph's row; `dependent_launch`: its kernels built for programmatic dependent launch
-    (FUSEGRAPH_DEPENDENT_LAUNCH=1 while it compiles), the `fusegraph-pdl` contender."""
-    row = Row(case.name, case.batch, "fusegraph-pdl" if dependent_launch else "fusegraph")
+def run_fusegraph(case: Case, iters: int, plain: bool = False) -> Row:
+    """fusegraph's row, built as by default; `plain`: without programmatic dependent launch
+    (FUSEGRAPH_DEPENDENT_LAUNCH=0 while it compiles), the `fusegraph-plain` contender."""
+    row = Row(case.name, case.batch, "fusegraph-plain" if plain else "fusegraph")
     t0 = time.perf_counter()
     try:
-        with environment(DEPENDENT_LAUNCH_ENV, "1" if dependent_launch else "0"):
+        with environment(DEPENDENT_LAUNCH_ENV, "0" if plain else ""):
             runner, reason = compile_fusegraph(case.program(), case.device, fp16=True)
         if runner is None:
             row.note = reason
@@ -319,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     # process, its kernel tuning there took several times longer (BERT-base 39 s instead of a few)
     fused = _each_case(cases, args, device, start,
                        lambda c: ([run_fusegraph(c, iters)] if "fusegraph" in modes else [])
-                       + ([run_fusegraph(c, iters, dependent_launch=True)] if "fusegraph-pdl" in modes else []))
+                       + ([run_fusegraph(c, iters, plain=True)] if "fusegraph-plain" in modes else []))
     for row in fused:
         count_fusegraph_kernels(row, device)
     _free()
-    rows = fused + _each_case(cases, args, device, start, lambda c: run_torch_case(c, modes, iters))
+    torch_rows = (_each_case(cases, args, device, start, lambda c: run_torch_case(c, modes, iters))
+                  if any(m in TORCH_MODES for m in modes) else [])  # else no "skipped" rows for them
+    rows = fused + torch_rows
     rows.sort(key=lambda r: cases.index((r.model, r.batch)))  # each case's rows together, fusegraph first
     notes = [f"fp16, inputs from seed {args.seed} (images U(0,1), token ids within the vocabulary, "
              "masks 0/1); token models at their zoo graph's sequence (bert_base, gpt2_2layer 128; "

@@ -1,6 +1,6 @@
-"""Programmatic dependent launch (`FUSEGRAPH_DEPENDENT_LAUNCH=1`, kernel_source.py
-`with_dependent_launch`): every kernel waits for the one before it before its first load or
-store and then lets the next one launch, and is launched with Triton's `launch_pdl` option;
+"""Programmatic dependent launch (kernel_source.py `with_dependent_launch`; by default on a GPU
+that has it, sm_90 and later; `FUSEGRAPH_DEPENDENT_LAUNCH=0` off, `=1` on): every kernel waits
+for the one before it before its first load or store and then lets the next one launch, and is launched with Triton's `launch_pdl` option;
 before its wait a product prefetches its weight into L2 (`templates/gemm_prefetch.py`);
 the interpreter, which runs one kernel at a time, gets the plain kernels. The sm_90 build
 shows the two grid-dependency instructions in the PTX."""
@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 
 import pytest
 
 from fusegraph import parse_onnx
 from fusegraph.passes.pipeline import fuse
+from fusegraph.targets.gpu import codegen
 from fusegraph.targets.gpu.codegen import program_kernels
+from fusegraph.targets.gpu.device import H200
+from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV, DEPENDENT_LAUNCH_LINES, with_dependent_launch
 from tests.gpu.test_gpu_kernels import check_gpu, node
 from tests.helpers import make_model, rand
 
 
 def two_kernel_model():
-    """A conv + relu, then a softmax over each channel's pixels: two kernels."""
+    """A conv + relu, then a softmax over each channel's pixels: two kernels. The conv's weight
+    is its larger operand (32 output channels, 16 pixels), so its kernel prefetches it."""
     return make_model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
                        node("Flatten", ["r"], ["f"], axis=2), node("Softmax", ["f"], ["y"], axis=-1)],
-                      {"x": [1, 8, 6, 6]}, ["y"], {"w": rand(16, 8, 3, 3, seed=1, scale=0.3)})
+                      {"x": [1, 8, 4, 4]}, ["y"], {"w": rand(32, 8, 3, 3, seed=1, scale=0.3)})
 
 
 def test_every_compiled_kernel_waits_first_and_launches_dependent(monkeypatch):
@@ -42,10 +47,27 @@ def test_every_compiled_kernel_waits_first_and_launches_dependent(monkeypatch):
         assert src.dependent_launch
         constexprs, options = src.launch_arguments(src.configs[0])
         assert options["launch_pdl"] is True and "launch_pdl" not in constexprs
-    monkeypatch.delenv(DEPENDENT_LAUNCH_ENV)
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "0")
     plain = program_kernels(program)
-    assert all(not s.dependent_launch and "gdc_wait" not in s.body for s in plain)
+    assert all(not s.dependent_launch and "gdc_wait" not in s.body and "prefetch" not in s.body for s in plain)
     assert {s.name for s in plain}.isdisjoint(s.name for s in kernels)  # other sources, other names
+
+
+@pytest.mark.parametrize("capability, expected", [(80, False), (89, False), (90, True), (100, True)])
+def test_by_default_the_gpus_that_have_it_get_it(monkeypatch, capability, expected):
+    monkeypatch.delenv(DEPENDENT_LAUNCH_ENV, raising=False)
+    monkeypatch.setattr(codegen, "current_device", lambda: replace(H200, capability=capability))
+    program = parse_onnx(two_kernel_model())
+    fuse(program)
+    assert all(s.dependent_launch == expected for s in program_kernels(program))
+
+
+def test_a_wrong_setting_is_named(monkeypatch):
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "yes")
+    program = parse_onnx(two_kernel_model())
+    fuse(program)
+    with pytest.raises(CodegenError, match="FUSEGRAPH_DEPENDENT_LAUNCH='yes': use 1 .* or 0"):
+        program_kernels(program)
 
 
 def test_only_a_product_with_a_weight_prefetches_it_before_its_wait(monkeypatch):
@@ -67,6 +89,17 @@ def test_only_a_product_with_a_weight_prefetches_it_before_its_wait(monkeypatch)
     assert mm.before_wait == [] and "gdc_wait" in mm.body
 
 
+@pytest.mark.parametrize("rows, prefetched", [(16, True), (32, True), (33, False), (64, False)])
+def test_a_weight_is_prefetched_where_it_is_the_larger_operand(monkeypatch, rows, prefetched):
+    """x [rows, 16] @ W [16, 32]: the weight's reads decide the time while rows <= 32."""
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "1")
+    product = make_model([node("MatMul", ["a", "w"], ["y"])], {"a": [rows, 16]}, ["y"], {"w": rand(16, 32, seed=2)})
+    program = parse_onnx(product)
+    fuse(program)
+    (mm,) = program_kernels(program)
+    assert bool(mm.before_wait) == prefetched
+
+
 def test_the_interpreter_runs_the_plain_kernels(monkeypatch):
     monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "1")
     compiled = check_gpu(two_kernel_model())  # the values, either way
@@ -74,10 +107,11 @@ def test_the_interpreter_runs_the_plain_kernels(monkeypatch):
     assert all(k.src.dependent_launch != interpreted for k in compiled.kernels)
 
 
-def test_a_dependent_launch_kernel_builds_for_sm90():
+def test_a_dependent_launch_kernel_builds_for_sm90(monkeypatch):
     pytest.importorskip("triton")
     from fusegraph.ir.dtypes import DType
 
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "0")
     program = parse_onnx(two_kernel_model())
     fuse(program)
     conv, softmax = (with_dependent_launch(k) for k in program_kernels(program))

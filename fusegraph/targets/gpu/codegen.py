@@ -22,7 +22,8 @@ from fusegraph.ir.program import Instruction
 from fusegraph.ops.base import is_fused, is_literal
 from fusegraph.targets.gpu.activation_layout import choose_activation_layouts
 from fusegraph.targets.gpu.anchor import find_anchor
-from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV, KernelSource, with_dependent_launch
+from fusegraph.targets.gpu.device import current_device
+from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_CAPABILITY, DEPENDENT_LAUNCH_ENV, KernelSource, with_dependent_launch
 from fusegraph.targets.gpu.kernel_writer import CodegenError, KernelInputs
 from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, plan_memory, stored_buffer_input, strided_shape
 from fusegraph.targets.gpu.templates import attention, depthwise, gemm, movement, reduction, window  # noqa: F401  (they register what they lower)
@@ -73,9 +74,16 @@ def generate(fused: Instruction, position: int, inputs: KernelInputs, allow_tf32
 
 
 def dependent_launch() -> bool:
-    """Whether kernels are built for programmatic dependent launch (`FUSEGRAPH_DEPENDENT_LAUNCH=1`,
-    an sm_90 feature, off by default until measured: `kernel_source.with_dependent_launch`)."""
-    return os.environ.get(DEPENDENT_LAUNCH_ENV) == "1"
+    """Whether kernels are built for programmatic dependent launch (`kernel_source.with_dependent_launch`):
+    on a GPU that has it (compute capability 9.0 and later; a build without a GPU targets the
+    H200), unless `FUSEGRAPH_DEPENDENT_LAUNCH=0`. It measured faster at batch 1 on five of six
+    zoo models (bench/results/models-b1-prefetch-h100.md)."""
+    setting = os.environ.get(DEPENDENT_LAUNCH_ENV, "")
+    if setting not in ("", "0", "1"):
+        raise CodegenError(f"{DEPENDENT_LAUNCH_ENV}={setting!r}: use 1 (dependent launch where the GPU has it) or 0 (off)")
+    if setting == "0":
+        return False
+    return setting == "1" or current_device().capability >= DEPENDENT_LAUNCH_CAPABILITY
 
 
 def plan_program(main: Any) -> MemoryPlan:

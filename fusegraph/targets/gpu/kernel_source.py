@@ -84,8 +84,9 @@ def signature(name: str, args: list[str], constexprs: list[str]) -> str:
     return f"@triton.jit\ndef {name}({', '.join(params)}):"
 
 
-# The environment switch of programmatic dependent launch (sm_90 and later), off by default.
+# The environment switch of programmatic dependent launch: 0 turns it off where the GPU has it.
 DEPENDENT_LAUNCH_ENV = "FUSEGRAPH_DEPENDENT_LAUNCH"
+DEPENDENT_LAUNCH_CAPABILITY = 90  # the compute capability that has it (Hopper)
 # What a kernel does first under it: wait until the kernel before it in the stream has finished
 # and its writes are visible, then let the next kernel be launched.
 DEPENDENT_LAUNCH_LINES = ["    tl.extra.cuda.gdc_wait()", "    tl.extra.cuda.gdc_launch_dependents()"]

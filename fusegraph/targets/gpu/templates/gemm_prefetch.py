@@ -29,6 +29,14 @@ PREFETCH = 'tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;",
            'dtype=tl.int32, is_pure=False, pack=1)'
 
 
+def weight_bound(spec: GemmSpec) -> bool:
+    """Whether the weight is the larger operand (n >= m: k x n weights against m x k rows), the
+    products whose time its reads decide. On an H100, BERT-base at batch 32 (4096 rows)
+    prefetching its weights ran 11% slower than plain kernels, at batch 1 (128 rows) 17% faster
+    (bench/results/models-b1-prefetch.md, models-transformers-b32-pdl.md)."""
+    return spec.n >= spec.m
+
+
 def is_weight(w: KernelWriter, b: Instruction) -> bool:
     """Whether product operand `b` is read straight from a literal input (a weight)."""
     return is_load(b) and is_param(b.inputs[0]) and w.params.index(b.inputs[0]) in w.inputs.literals
@@ -39,7 +47,7 @@ def weight_prefetch(w: KernelWriter, spec: GemmSpec, b: Instruction, period: int
     (none when `b` is no weight). Written with `w` on a line list of their own, with names of
     their own (`pf_...`): they go before the wait, ahead of the body, and a body variable of
     another shape would clash with them in the k loop."""
-    if not is_weight(w, b):
+    if not (is_weight(w, b) and weight_bound(spec)):
         return []
     step_k, step_n = line_steps(w, spec, b)
     body, indent = w.lines, w.indent
