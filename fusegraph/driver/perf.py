@@ -26,6 +26,22 @@ def kernel_line(kernel: Any, ms: float, total: float, names: dict[int, str], con
     return line
 
 
+def early_launches(compiled: Any) -> int:
+    """How many kernels are built for programmatic dependent launch (codegen.dependent_launch)."""
+    return sum(k.src.dependent_launch for k in compiled.kernels)
+
+
+def launch_note(compiled: Any) -> str:
+    """What the launch line adds under dependent launch: a kernel's own time, measured alone,
+    no longer adds up to the run's, since each starts while the one before it finishes."""
+    early = early_launches(compiled)
+    if not early:
+        return ""
+    prefetching = sum(bool(k.src.before_wait) for k in compiled.kernels if k.src.dependent_launch)
+    return (f"; {early} with dependent launch, each started while the one before it runs, "
+            f"{prefetching} of them prefetching their weights first")
+
+
 def perf_report(compiled: Any, iterations: int, configs: bool = False) -> str:
     kernel_ms = compiled.time_kernels(iterations)
     runs = np.array(compiled.time_runs(max(iterations, 20)))
@@ -51,8 +67,9 @@ def perf_report(compiled: Any, iterations: int, configs: bool = False) -> str:
         f"Percentiles (90%, 95%, 99%): ({np.percentile(runs, 90):.4f}ms, {np.percentile(runs, 95):.4f}ms, "
         f"{np.percentile(runs, 99):.4f}ms)",
         f"Total instructions time: {total_kernels:.4f}ms",
-        f"Overhead time: {float(np.median(runs)) - total_kernels:.4f}ms (graph median minus the kernels' sum)",
-        f"Kernels launched per run: {compiled.kernel_count} (replayed from one CUDA graph)",
+        f"Overhead time: {float(np.median(runs)) - total_kernels:.4f}ms (graph median minus the kernels' sum"
+        + ("; below zero where kernels overlap)" if early_launches(compiled) else ")"),
+        f"Kernels launched per run: {compiled.kernel_count} (replayed from one CUDA graph{launch_note(compiled)})",
         f"Memory: {compiled.plan.describe()}",
         f"Compile time: {compiled.compile_seconds:.1f} s (plus {compiled.startup_seconds:.1f} s importing torch and "
         f"creating the CUDA context, once per process)",
