@@ -31,9 +31,11 @@ PREFETCH = 'tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;",
 
 def weight_bound(spec: GemmSpec) -> bool:
     """Whether the weight is the larger operand (n >= m: k x n weights against m x k rows), the
-    products whose time its reads decide. On an H100, BERT-base at batch 32 (4096 rows)
-    prefetching its weights ran 11% slower than plain kernels, at batch 1 (128 rows) 17% faster
-    (bench/results/models-b1-prefetch.md, models-transformers-b32-pdl.md)."""
+    products whose time its reads decide. On an H100, under dependent launch with every weight
+    prefetched, BERT-base ran 17% faster than plain kernels at batch 1 (128 rows) but 11% slower
+    at batch 32 (4096 rows; ViT-S/16 there 2% faster): bench/results/models-b1-prefetch.md,
+    models-transformers-b32-pdl.md. Which of the two did that at batch 32 is not yet measured;
+    this rule keeps the prefetch where it was made for."""
     return spec.n >= spec.m
 
 
