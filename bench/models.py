@@ -8,8 +8,9 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   else the batch-1 graph with its batch constants rewritten), compiled for the GPU with default
   tuning, timed as replays of its CUDA graph; its cold compile time (parse, compile, first run)
   is printed and tabled;
-* fusegraph-plain: the same without programmatic dependent launch (FUSEGRAPH_DEPENDENT_LAUNCH=0,
-  while fusegraph has it on sm_90 and later; not in the default modes);
+* fusegraph-plain, fusegraph-pdl: the same with no kernel, or every kernel, built for
+  programmatic dependent launch (FUSEGRAPH_DEPENDENT_LAUNCH=0 or 1; fusegraph's default builds
+  the short kernels so on sm_90 and later); not in the default modes;
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -54,7 +55,7 @@ from fusegraph.driver.inputs import input_ranges
 from fusegraph.driver.perf import compile_phase_lines
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 
-MODES = ("fusegraph", "fusegraph-plain", "eager", "compile", "max-autotune")
+MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -142,13 +143,16 @@ def fp32_reference(case: Case) -> torch.Tensor:
         return torch.from_numpy(np.asarray(sess.run([case.output_name], feeds)[0])).to(case.device)
 
 
-def run_fusegraph(case: Case, iters: int, plain: bool = False) -> Row:
-    """fusegraph's row, built as by default; `plain`: without programmatic dependent launch
-    (FUSEGRAPH_DEPENDENT_LAUNCH=0 while it compiles), the `fusegraph-plain` contender."""
-    row = Row(case.name, case.batch, "fusegraph-plain" if plain else "fusegraph")
+# the fusegraph contenders and their FUSEGRAPH_DEPENDENT_LAUNCH setting while they compile
+FUSEGRAPH_MODES = {"fusegraph": "", "fusegraph-plain": "0", "fusegraph-pdl": "1"}
+
+
+def run_fusegraph(case: Case, iters: int, mode: str = "fusegraph") -> Row:
+    """The row of fusegraph contender `mode` (FUSEGRAPH_MODES)."""
+    row = Row(case.name, case.batch, mode)
     t0 = time.perf_counter()
     try:
-        with environment(DEPENDENT_LAUNCH_ENV, "0" if plain else ""):
+        with environment(DEPENDENT_LAUNCH_ENV, FUSEGRAPH_MODES[mode]):
             runner, reason = compile_fusegraph(case.program(), case.device, fp16=True)
         if runner is None:
             row.note = reason
@@ -318,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     # fusegraph's compiles come first, every case's: after torch.compile or the profiler has run in a
     # process, its kernel tuning there took several times longer (BERT-base 39 s instead of a few)
     fused = _each_case(cases, args, device, start,
-                       lambda c: ([run_fusegraph(c, iters)] if "fusegraph" in modes else [])
-                       + ([run_fusegraph(c, iters, plain=True)] if "fusegraph-plain" in modes else []))
+                       lambda c: [run_fusegraph(c, iters, m) for m in FUSEGRAPH_MODES if m in modes])
     for row in fused:
         count_fusegraph_kernels(row, device)
     _free()

@@ -1,9 +1,10 @@
-"""Programmatic dependent launch (kernel_source.py `with_dependent_launch`; by default on a GPU
-that has it, sm_90 and later; `FUSEGRAPH_DEPENDENT_LAUNCH=0` off, `=1` on): every kernel waits
-for the one before it before its first load or store and then lets the next one launch, and is launched with Triton's `launch_pdl` option;
-before its wait a product prefetches its weight into L2 (`templates/gemm_prefetch.py`);
-the interpreter, which runs one kernel at a time, gets the plain kernels. The sm_90 build
-shows the two grid-dependency instructions in the PTX."""
+"""Programmatic dependent launch (kernel_source.py `with_dependent_launch`): by default the short
+kernels on a GPU that has it (sm_90 and later), `FUSEGRAPH_DEPENDENT_LAUNCH=1` every kernel, `=0`
+none. Such a kernel waits for the one before it before its first load or store, then lets the
+next one launch, and is launched with Triton's `launch_pdl` option; before its wait a product
+prefetches its weight into L2 (`templates/gemm_prefetch.py`). The interpreter, which runs one
+kernel at a time, gets the plain kernels. The sm_90 build shows the two grid-dependency
+instructions in the PTX."""
 
 from __future__ import annotations
 
@@ -60,6 +61,26 @@ def test_by_default_the_gpus_that_have_it_get_it(monkeypatch, capability, expect
     program = parse_onnx(two_kernel_model())
     fuse(program)
     assert all(s.dependent_launch == expected for s in program_kernels(program))
+
+
+def test_by_default_only_the_short_kernels_get_it(monkeypatch):
+    """A 1x1 conv writing 2^21 elements is launched early by default, one writing twice as many
+    is not; FUSEGRAPH_DEPENDENT_LAUNCH=1 takes every kernel, =0 none."""
+    def conv_of(pixels):
+        model = make_model([node("Conv", ["x", "w"], ["y"])], {"x": [1, 8, pixels, 64]}, ["y"],
+                           {"w": rand(32, 8, 1, 1, seed=3)})
+        program = parse_onnx(model)
+        fuse(program)
+        (src,) = program_kernels(program)
+        return src
+
+    monkeypatch.delenv(DEPENDENT_LAUNCH_ENV, raising=False)
+    assert codegen.EARLY_LAUNCH_MAX_ELEMENTS == 32 * 1024 * 64
+    assert conv_of(1024).dependent_launch and not conv_of(2048).dependent_launch
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "1")
+    assert conv_of(2048).dependent_launch
+    monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, "0")
+    assert not conv_of(1024).dependent_launch
 
 
 def test_a_wrong_setting_is_named(monkeypatch):

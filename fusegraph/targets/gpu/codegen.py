@@ -10,6 +10,7 @@ template.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from dataclasses import replace
@@ -68,22 +69,33 @@ def generate(fused: Instruction, position: int, inputs: KernelInputs, allow_tf32
     except CodegenError as e:
         raise CodegenError(f"kernel {name} ({fused.origin or kernel}): {e}") from None
     src.interpret = interpret
-    if dependent_launch() and not interpret:  # the interpreter runs one kernel at a time
+    if launches_early(fused) and not interpret:  # the interpreter runs one kernel at a time
         src = with_dependent_launch(src)
     return named_by_content(src)
 
 
-def dependent_launch() -> bool:
-    """Whether kernels are built for programmatic dependent launch (`kernel_source.with_dependent_launch`):
-    on a GPU that has it (compute capability 9.0 and later; a build without a GPU targets the
-    H200), unless `FUSEGRAPH_DEPENDENT_LAUNCH=0`. It measured faster at batch 1 on five of six
-    zoo models (bench/results/models-b1-prefetch-h100.md)."""
+# By default a kernel that writes at most this many elements is built for dependent launch. At
+# batch 1 every kernel of the zoo's measured models does (the largest: EfficientNet-B1's
+# 120x120x96, 1.4M), and with dependent launch each of the six ran faster on an H100 (BERT-base
+# 0.443 -> 0.368 ms); at batch 32 none of BERT-base's does (the smallest: 3.1M), where with it
+# BERT-base ran 2.293 ms against 2.068 plain (bench/results/models-b1-prefetch.md,
+# models-transformers-b32-pdl.md). A short kernel's launch gap is a large share of its time.
+EARLY_LAUNCH_MAX_ELEMENTS = 1 << 21
+
+
+def launches_early(fused: Instruction) -> bool:
+    """Whether `fused`'s kernel is built for programmatic dependent launch
+    (`kernel_source.with_dependent_launch`): by default a kernel of at most
+    EARLY_LAUNCH_MAX_ELEMENTS outputs on a GPU that has it (compute capability 9.0 and later; a
+    build without a GPU targets the H200); `FUSEGRAPH_DEPENDENT_LAUNCH=1` every kernel, `=0` none."""
     setting = os.environ.get(DEPENDENT_LAUNCH_ENV, "")
     if setting not in ("", "0", "1"):
-        raise CodegenError(f"{DEPENDENT_LAUNCH_ENV}={setting!r}: use 1 (dependent launch where the GPU has it) or 0 (off)")
-    if setting == "0":
-        return False
-    return setting == "1" or current_device().capability >= DEPENDENT_LAUNCH_CAPABILITY
+        raise CodegenError(f"{DEPENDENT_LAUNCH_ENV}={setting!r}: use 1 (every kernel launched early) or 0 (none); "
+                           "unset: the short kernels on a GPU that has it")
+    if setting:
+        return setting == "1"
+    return (current_device().capability >= DEPENDENT_LAUNCH_CAPABILITY
+            and math.prod(fused.shape.lens) <= EARLY_LAUNCH_MAX_ELEMENTS)
 
 
 def plan_program(main: Any) -> MemoryPlan:
