@@ -27,7 +27,7 @@ def kernel_line(kernel: Any, ms: float, total: float, names: dict[int, str], con
 
 
 def early_launches(compiled: Any) -> int:
-    """How many kernels are built for programmatic dependent launch (codegen.dependent_launch)."""
+    """How many kernels are built for programmatic dependent launch (codegen.launches_early)."""
     return sum(k.src.dependent_launch for k in compiled.kernels)
 
 

@@ -84,7 +84,7 @@ def signature(name: str, args: list[str], constexprs: list[str]) -> str:
     return f"@triton.jit\ndef {name}({', '.join(params)}):"
 
 
-# The environment switch of programmatic dependent launch: 0 turns it off where the GPU has it.
+# The environment switch of programmatic dependent launch: 1 every kernel, 0 none (codegen.launches_early).
 DEPENDENT_LAUNCH_ENV = "FUSEGRAPH_DEPENDENT_LAUNCH"
 DEPENDENT_LAUNCH_CAPABILITY = 90  # the compute capability that has it (Hopper)
 # What a kernel does first under it: wait until the kernel before it in the stream has finished

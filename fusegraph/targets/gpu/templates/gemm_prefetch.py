@@ -7,8 +7,8 @@ At batch 1 a product's time is mostly the latency of its weight reads (BERT-base
 4.7 MB in 10 us, a fifth of the memory's bandwidth), so each program asks for its own slice of
 the weight, every chunk of its k range, as L2 prefetches (`prefetch.global.L2`), while it would
 otherwise sit idle; its k loop then reads the weight from L2. Only the first row tile's
-programs ask (the others read the same slice): at batch 32, with 32 row tiles, every program
-asking doubled the L2 requests for the weight.
+programs ask (the others read the same slice): with 32 row tiles, every program asking would
+double the L2 requests for the weight.
 
 A prefetch moves no data into registers and changes no value: it is correct for any address,
 and one per 128-byte line suffices, so the tile is sampled a line apart along the axis that
