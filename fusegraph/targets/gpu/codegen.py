@@ -10,7 +10,6 @@ template.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 from dataclasses import replace
@@ -95,7 +94,7 @@ def launches_early(fused: Instruction) -> bool:
     if setting:
         return setting == "1"
     return (current_device().capability >= DEPENDENT_LAUNCH_CAPABILITY
-            and math.prod(fused.shape.lens) <= EARLY_LAUNCH_MAX_ELEMENTS)
+            and fused.shape.elements <= EARLY_LAUNCH_MAX_ELEMENTS)
 
 
 def plan_program(main: Any) -> MemoryPlan:

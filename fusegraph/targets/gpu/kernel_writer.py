@@ -195,6 +195,17 @@ class KernelWriter:
         finally:
             self.indent -= 1
 
+    @contextmanager
+    def apart(self) -> Iterator[list[str]]:
+        """Emit into a list of lines of its own (yielded), at the body's first indent, and then
+        go on with the body's lines: code a template places elsewhere (before a kernel's wait)."""
+        body, indent = self.lines, self.indent
+        self.lines, self.indent = [], 1
+        try:
+            yield self.lines
+        finally:
+            self.lines, self.indent = body, indent
+
     def let(self, code: str, base: str = "v") -> str:
         name = self.fresh(base)
         self.emit(f"{name} = {code}")

@@ -46,15 +46,13 @@ def is_weight(w: KernelWriter, b: Instruction) -> bool:
 
 def weight_prefetch(w: KernelWriter, spec: GemmSpec, b: Instruction, period: int) -> list[str]:
     """The kernel lines that prefetch this program's slice of weight operand `b` into L2
-    (none when `b` is no weight). Written with `w` on a line list of their own, with names of
-    their own (`pf_...`): they go before the wait, ahead of the body, and a body variable of
-    another shape would clash with them in the k loop."""
+    (none when `b` is no weight, or not the larger operand). Written with `w` apart from the
+    body, with names of their own (`pf_...`): they go before the wait, ahead of the body, and a
+    body variable of another shape would clash with them in the k loop."""
     if not (is_weight(w, b) and weight_bound(spec)):
         return []
     step_k, step_n = line_steps(w, spec, b)
-    body, indent = w.lines, w.indent
-    w.lines, w.indent = [], 1
-    try:
+    with w.apart() as lines:
         w.emit("pf_gz = tl.program_id(2) // SPLIT")
         base = "0" if period else "tl.program_id(1) * BN"
         w.emit(f"pf_rn = {base} + {sampled('BN', step_n)}")
@@ -77,9 +75,7 @@ def weight_prefetch(w: KernelWriter, spec: GemmSpec, b: Instruction, period: int
                 arg = w.buffer(b.inputs[0])[0]
                 ptr = f"tl.where({tile.conjunction(conds)}, {ptr}, {arg})"
             w.emit(PREFETCH.format(ptr=ptr))
-        return w.lines
-    finally:
-        w.lines, w.indent = body, indent
+    return lines
 
 
 def line_steps(w: KernelWriter, spec: GemmSpec, b: Instruction) -> tuple[int, int]:
