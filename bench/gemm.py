@@ -11,7 +11,9 @@ Shapes: ViT-S/16 and DeiT-S at batch 32 (197 tokens, width 384, MLP 1536: M = 63
 BERT-base at batch 32, sequence 128 (width 768, MLP 3072: M = 4096): the QKV, projection,
 fc1 and fc2 products of one block; and the batch-1 products of BERT (M = 128) and ViT (M = 197),
 where reading the weights bounds the time.
-Usage: `PYTHONPATH=. python3 bench/gemm.py [--exhaustive-tune] [--shapes vit] [--quick]`.
+With --gelu only the fc1 shapes run, each followed by GELU in its erf form as exporters write it,
+against cuBLAS's addmm followed by torch's gelu.
+Usage: `PYTHONPATH=. python3 bench/gemm.py [--exhaustive-tune] [--gelu] [--shapes vit] [--quick]`.
 """
 
 from __future__ import annotations
@@ -51,25 +53,37 @@ SHAPES = [
 ]
 
 
-def linear_model(m: int, k: int, n: int, rng: np.random.Generator) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
-    """The ONNX graph of one linear layer with its weight and bias (returned too, for cuBLAS)."""
+def linear_model(m: int, k: int, n: int, rng: np.random.Generator,
+                 gelu: bool = False) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """The ONNX graph of one linear layer with its weight and bias (returned too, for cuBLAS);
+    with `gelu`, followed by GELU as the exporters write nn.GELU: x * 0.5 * (1 + erf(x / sqrt 2))."""
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     b = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h" if gelu else "y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    if gelu:
+        inits += [numpy_helper.from_array(np.array(v, np.float32), name)
+                  for name, v in (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
+        nodes += [helper.make_node("Div", ["h", "sqrt2"], ["hs"]), helper.make_node("Erf", ["hs"], ["e"]),
+                  helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h", "e1"], ["he"]),
+                  helper.make_node("Mul", ["he", "half"], ["y"])]
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])], "linear",
+        nodes, "linear",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w, b
 
 
 def bench_shape(model: str, layer: str, m: int, k: int, n: int, args, table: Table) -> None:
     rng = np.random.default_rng(args.seed)
-    proto, w, b = linear_model(m, k, n, rng)
+    proto, w, b = linear_model(m, k, n, rng, gelu=args.gelu)
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).cuda().half()
     wt, bt = torch.from_numpy(w).cuda().half(), torch.from_numpy(b).cuda().half()
     iters = 20 if args.quick else 200
-    graph, ref = capture_graph(lambda: torch.addmm(bt, x, wt))
+    if args.gelu:  # cuBLAS's product, then torch's erf GELU: two kernels
+        graph, ref = capture_graph(lambda: torch.nn.functional.gelu(torch.addmm(bt, x, wt)))
+    else:
+        graph, ref = capture_graph(lambda: torch.addmm(bt, x, wt))
     cublas = time_gpu([graph.replay], iters=iters).median_us
     flops = 2.0 * m * n * k
     runner, why = compile_fusegraph(fusegraph.parse_onnx(proto), torch.device("cuda"), fp16=True,
@@ -91,15 +105,18 @@ def bench_shape(model: str, layer: str, m: int, k: int, n: int, args, table: Tab
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--exhaustive-tune", action="store_true", help="let fusegraph time every config")
+    parser.add_argument("--gelu", action="store_true",
+                        help="fc1 shapes with the exporters' erf GELU after the bias; cuBLAS then runs addmm + torch's gelu")
     parser.add_argument("--shapes", default="", help="only shapes whose model name contains this text (b1, b32, bert, vit)")
     args = parser.parse_args()
     if not is_cuda(args.device) or not torch.cuda.is_available():
         sys.exit("bench/gemm.py needs a CUDA GPU")
-    table = Table("GEMM template vs cuBLAS, fp16, bias in the epilogue",
+    epilogue = "bias and erf GELU in the epilogue (cuBLAS: addmm, then torch's gelu)" if args.gelu else "bias in the epilogue"
+    table = Table(f"GEMM template vs cuBLAS, fp16, {epilogue}",
                   ["model", "layer", "MxKxN", "GFLOP", "fusegraph us", "TFLOP/s", "cuBLAS us", "cuBLAS TFLOP/s",
                    "ratio", "config"])
     for shape in SHAPES:
-        if args.shapes in shape[0]:
+        if args.shapes in shape[0] and (shape[1] == "fc1" or not args.gelu):
             try:
                 bench_shape(*shape, args, table)
             except Exception as e:  # noqa: BLE001 - one failing shape must not hide the others
@@ -107,7 +124,7 @@ def main() -> None:
                           f"failed: {first_line(e)}")
             print(table.rows[-1], file=sys.stderr, flush=True)
     tuned = "every config timed (--exhaustive-tune)" if args.exhaustive_tune else "default tune"
-    name = args.name or ("gemm-exhaustive" if args.exhaustive_tune else "gemm")
+    name = args.name or ("gemm-exhaustive" if args.exhaustive_tune else "gemm") + ("-gelu" if args.gelu else "")
     write_results(name, "GEMM template vs cuBLAS (torch.addmm)", args.device, [table],
                   notes=[f"fusegraph: {tuned}; ratio = fusegraph time / cuBLAS time"],
                   save=not (args.quick or args.no_save))

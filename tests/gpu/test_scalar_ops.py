@@ -41,6 +41,19 @@ def test_float_division_is_correctly_rounded_where_triton_would_approximate():
     assert pointwise(make_op("div"), operands("a", "b", first=DType.float64, out=DType.float64)) == "(a / b)"
 
 
+def test_a_constant_divisor_multiplies_where_the_result_keeps_no_difference():
+    """A power of two's reciprocal is exact in any type; other constants only for half results."""
+    div = make_op("div")
+    half = {"first": DType.float16, "out": DType.float16}
+    assert pointwise(div, operands("a", "c1", constants={"c1": 4.0})) == "(a * 0.25)"
+    assert pointwise(div, operands("a", "c1", constants={"c1": 1.4140625})) == "tl.math.div_rn(a, c1)"
+    assert pointwise(div, operands("a", "c1", constants={"c1": 1.4140625}, **half)) == f"(a * {1 / 1.4140625!r})"
+    assert pointwise(div, operands("a", "c1", constants={"c1": 3.0}, first=DType.bfloat16, out=DType.bfloat16)) == \
+        f"(a * {1 / 3.0!r})"
+    for bad in (0.0, float("inf"), float("nan")):
+        assert pointwise(div, operands("a", "c1", constants={"c1": bad}, **half)) == "tl.math.div_rn(a, c1)"
+
+
 def test_convert_casts_to_the_compute_type_or_to_bool():
     assert pointwise(make_op("convert", target=DType.float16), operands("x", out=DType.float16)) == "x.to(tl.float32)"
     assert pointwise(make_op("convert", target=DType.bool), operands("x", out=DType.bool)) == "(x != 0)"

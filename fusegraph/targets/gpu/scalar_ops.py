@@ -211,10 +211,25 @@ def _integer_div(op: Op, x: Operands) -> str | None:
 def _rounded_div(op: Op, x: Operands) -> str | None:
     """Triton's `/` on fp32 is the GPU's approximate division (up to 2 ulp off), which is enough
     to flip a quantizer's round-half-to-even (DynamicQuantizeLinear's -2.5 / (5/255) lands on
-    -127.5 instead of just above it); ONNX's Div is IEEE division, so fp32 divides correctly rounded."""
+    -127.5 instead of just above it); ONNX's Div is IEEE division, so fp32 divides correctly rounded.
+    A constant divisor multiplies by its reciprocal where that loses nothing the result keeps:
+    correctly rounded division costs a dozen instructions an element, which in a product's
+    epilogue (GELU's x / sqrt(2) after fc1) is as much time as the product's own loop."""
     if x.first.is_integer or compute_type(x.out) != DType.float32:
         return None
+    divisor = x.constants.get(x.codes[1])
+    if divisor is not None and _reciprocal_suffices(divisor, x.out):
+        return f"({x.codes[0]} * {literal(1.0 / divisor)})"
     return f"tl.math.div_rn({x.codes[0]}, {x.codes[1]})"
+
+
+def _reciprocal_suffices(divisor: float, out: DType) -> bool:
+    """A power of two's reciprocal is exact, so the product is the quotient; any other finite
+    divisor's fp32 reciprocal puts the product within 1.5 ulp of the fp32 quotient, which a half
+    or bf16 result (2^13 or 2^16 times coarser) rounds away except on exact ties."""
+    if not math.isfinite(divisor) or divisor == 0.0:
+        return False
+    return math.frexp(divisor)[0] == 0.5 or out in (DType.float16, DType.bfloat16)
 
 
 @case("relu")
