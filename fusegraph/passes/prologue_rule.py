@@ -71,6 +71,11 @@ NORM_PROLOGUE_ANY_ROWS_K = 192  # rows this short are normalized inside at any c
 STORE_NORMS_ENV = "FUSEGRAPH_STORE_NORMS"
 
 
+def norms_stored() -> bool:
+    """Whether a product may compute and store a layernorm that other ops read too (`STORE_NORMS_ENV`)."""
+    return os.environ.get(STORE_NORMS_ENV) == "1"
+
+
 def reads_per_element(anchor: Instruction) -> int:
     """How often the anchor's kernel loads each element of A: once per N tile (of `N_TILE`
     output channels per group) and, for a convolution, once per window tap covering it,
@@ -108,7 +113,7 @@ class PrologueRule:
         self.returned = {id(r) for r in module.returns}
         self.inside: set[int] = {id(anchor)}
         self.reads = reads_per_element(anchor) if anchor.op.family == "gemm" else 0
-        self.may_store = os.environ.get(STORE_NORMS_ENV) == "1" if may_store is None else may_store
+        self.may_store = norms_stored() if may_store is None else may_store
         self.stored: list[Instruction] = []  # layernorms the kernel computes and also stores for other readers
 
     def __call__(self, ins: Instruction, at: IndexMap | None = None) -> bool:

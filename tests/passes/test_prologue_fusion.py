@@ -217,10 +217,26 @@ def test_layernorm_with_another_kind_of_reader_keeps_its_kernel_by_default():
     model = _norm_with_a_relu_reader()
     before, after = parse_onnx(model), parse_onnx(model)
     fuse(after)
-    kernels = [f.op.attrs["kernel"] for f in _fused(after)]
-    assert len(kernels) == 2 and kernels[0].startswith("layernorm") and "dot" in kernels[1]
-    assert "layernorm" not in kernels[1]
+    norm, product = _fused(after)
+    assert norm.op.attrs["kernel"].startswith("layernorm") and "dot" in product.op.attrs["kernel"]
+    assert "layernorm" not in product.op.attrs["kernel"]
     assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+
+
+def test_layernorm_keeping_its_kernel_is_not_folded_into_the_product():
+    """Folded, the norm's kernel would store the bare norm for the product and its affine for
+    the relu: two tensors. Unfolded it stores the affine norm once (beside the relu, its other
+    output) and the product reads that with its own weights, unscaled."""
+    model = _norm_with_a_relu_reader()
+    p = parse_onnx(model)
+    fuse(p)
+    norm, product = _fused(p)
+    (ln,) = [i for i in norm.op.module if i.op.name == "layernorm"]
+    assert len(ln.inputs) == 3  # gamma and beta applied by the norm itself
+    assert sorted(r.inputs[1].op.name for r in norm.op.module.returns) == ["layernorm", "relu"]
+    assert product.op.attrs["kernel"] == "dot"  # no bias: beta W was not folded in
+    (w,) = [i for i in product.inputs if i.op.name == "@literal"]
+    assert np.array_equal(w.op.value, rand(32, 8, seed=3))
 
 
 def test_layernorm_with_another_kind_of_reader_is_computed_by_the_product_and_stored_on_request(monkeypatch):
