@@ -317,19 +317,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("bench/models.py times CUDA graphs: it needs --device cuda")
     iters = 20 if args.quick else args.iters
     torch.backends.cudnn.benchmark = True
-    start, rows = time.perf_counter(), []
+    start = time.perf_counter()
     cases = [(name, int(b)) for b in args.batches.split(",") for name in models]  # every model at batch 1 first
     # fusegraph's compiles come first, every case's: after torch.compile or the profiler has run in a
     # process, its kernel tuning there took several times longer (BERT-base 39 s instead of a few)
     fused = _each_case(cases, args, device, start,
                        lambda c: [run_fusegraph(c, iters, m) for m in FUSEGRAPH_MODES if m in modes])
+    torch_wanted = any(m in TORCH_MODES for m in modes)
+    # written now and again at the end: a run stopped from outside (a time limit) keeps its file
+    _write(fused, cases, args, device, start, "fusegraph's kernels not yet counted" + ("; torch not yet run" if torch_wanted else ""))
     for row in fused:
         count_fusegraph_kernels(row, device)
     _free()
+    if torch_wanted:
+        _write(fused, cases, args, device, start, "torch's contenders not yet run")
     torch_rows = (_each_case(cases, args, device, start, lambda c: run_torch_case(c, modes, iters))
-                  if any(m in TORCH_MODES for m in modes) else [])  # else no "skipped" rows for them
-    rows = fused + torch_rows
-    rows.sort(key=lambda r: cases.index((r.model, r.batch)))  # each case's rows together, fusegraph first
+                  if torch_wanted else [])  # else no "skipped" rows for them
+    _write(fused + torch_rows, cases, args, device, start)
+    return 0
+
+
+def _write(rows: list[Row], cases: list[tuple[str, int]], args: Any, device: torch.device, start: float,
+           pending: str = "") -> None:
+    """The results file of `rows` so far; `pending` says what a file written mid-run still lacks."""
+    rows = sorted(rows, key=lambda r: cases.index((r.model, r.batch)))  # each case's rows together, fusegraph first
     notes = [f"fp16, inputs from seed {args.seed} (images U(0,1), token ids within the vocabulary, "
              "masks 0/1); token models at their zoo graph's sequence (bert_base, gpt2_2layer 128; "
              "bert_base_s512 512)",
@@ -337,10 +348,10 @@ def main(argv: list[str] | None = None) -> int:
              "kernels: GPU kernels of one replay from torch.profiler; setup: compile + capture + first run",
              "fusegraph runs the zoo graph with the zoo's weights, torch the library's module with its own "
              "random weights; each is checked against its own float32 twin",
-             f"total run {time.perf_counter() - start:.0f} s"]
+             f"total run {time.perf_counter() - start:.0f} s"
+             + (f" when this file was written mid-run ({pending}); a finished run rewrites it" if pending else "")]
     write_results(args.name or "models", "zoo models against their libraries' PyTorch modules", device,
-                  [results_table(rows)], notes, save=not args.no_save)
-    return 0
+                  [results_table(rows)], notes, save=not args.no_save, quiet=bool(pending))
 
 
 if __name__ == "__main__":

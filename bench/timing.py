@@ -421,20 +421,24 @@ def header(title: str, device: torch.device | str, notes: Sequence[str] = ()) ->
 
 
 def write_results(name: str, title: str, device: torch.device | str, tables: Sequence[Table],
-                  notes: Sequence[str] = (), footnotes: Sequence[str] = (), save: bool = True) -> Path | None:
-    """Print the header, tables and footnotes; with `save`, also write them to bench/results/<name>.md."""
+                  notes: Sequence[str] = (), footnotes: Sequence[str] = (), save: bool = True,
+                  quiet: bool = False) -> Path | None:
+    """Print the header, tables and footnotes (not when `quiet`: a file written mid-run);
+    with `save`, also write them to bench/results/<name>.md."""
     text = header(title, device, notes)
     for t in tables:
         text += "\n" + t.markdown()
     if footnotes:
         text += "\n" + "\n".join(f"- {n}" for n in footnotes) + "\n"
-    print(text)
+    if not quiet:
+        print(text)
     if not save:
         return None
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.md"
     path.write_text(text)
-    print(f"written: {path}")
+    if not quiet:
+        print(f"written: {path}")
     return path
 
 

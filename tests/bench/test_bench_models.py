@@ -72,3 +72,22 @@ def test_library_unet_matches_the_graph_shapes():
     with torch.no_grad():
         out = case.call(module, torch.float32, generated=False)()
     assert tuple(out.shape) == (2, 2, 256, 256)
+
+
+def test_a_file_written_mid_run_says_what_it_lacks_and_the_last_write_replaces_it(monkeypatch, tmp_path, capsys):
+    """A run stopped from outside keeps the rows measured so far; a finished run's file has no such note."""
+    from bench import timing
+
+    monkeypatch.setattr(timing, "RESULTS_DIR", tmp_path)
+    args = argparse.Namespace(seed=0, name="cut", no_save=False)
+    cases = [("resnet18", 1), ("vit_small_patch16_224", 1)]
+    late, early = bm.Row("vit_small_patch16_224", 1, "fusegraph"), bm.Row("resnet18", 1, "fusegraph")
+    bm._write([late, early], cases, args, CPU, 0.0, "torch's contenders not yet run")
+    text = (tmp_path / "cut.md").read_text()
+    assert "written mid-run (torch's contenders not yet run)" in text
+    assert text.index("| resnet18 |") < text.index("| vit_small_patch16_224 |")  # in case order
+    assert capsys.readouterr().out == ""  # mid-run writes print nothing
+    bm._write([late, early, bm.Row("resnet18", 1, "compile")], cases, args, CPU, 0.0)
+    text = (tmp_path / "cut.md").read_text()
+    assert "mid-run" not in text and text.count("| resnet18 |") == 2
+    assert "written:" in capsys.readouterr().out
