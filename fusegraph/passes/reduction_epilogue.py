@@ -6,8 +6,9 @@ every run of elements lies within one tile can be computed in the epilogue, acro
 columns, instead of by a kernel of its own reading the product back (attention-style heads:
 gemm -> reshape {..,3,64} -> transpose -> softmax over the 64).
 
-A sum or mean over a convolution's pixels per sample and channel (the squeeze of an SE block)
-spans many tiles of rows instead: it joins the epilogue as an `epilogue_sum` that is only
+A sum or mean over a convolution's pixels per sample and channel (the squeeze of an SE block;
+or over the rows of a matrix product that are one sample's pixels, a ConvNeXt's global mean
+after its last linear layer) spans many tiles of rows instead: it joins the epilogue as an `epilogue_sum` that is only
 stored (each program adds its rows' part, the GPU template combines the parts in a fixed
 order), legal when, through the epilogue's map, the reduced axes read only the anchor's pixel
 indices and the kept axes only its sample and channel indices.
@@ -129,22 +130,41 @@ def segment_fold(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: 
     return [Piece(IndexMap(p.map.out_vars, kept, ins.shape.lens), (), value)]
 
 
+def pixel_axes(anchor: Instruction) -> range | None:
+    """The axes of `anchor`'s output that are a sample's pixels, after its sample axis: a
+    convolution's spatial axes (N, C, pixels...), or the middle axes of a matrix product over
+    rows of pixels with weights shared by every row (N, pixels..., C: ConvNeXt's and Swin-T's
+    last linear layer before their global mean), whose kernel makes them its rows; None for
+    any other anchor."""
+    if not pixel_sum_template(anchor):
+        return None
+    rank = anchor.shape.ndim
+    if anchor.op.spatial_window:
+        return range(2, rank)
+    if not anchor.op.k_is_last_axis or rank < 3 or anchor.op.attrs.get("group", 1) != 1:
+        return None
+    w = anchor.inputs[1]
+    shared = w.inputs[0] if w.op.broadcasts else w
+    return range(1, rank - 1) if all(d == 1 for d in shared.shape.lens[:-2]) else None
+
+
 def pixel_reduction(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
-    """The pieces of reduce_sum or reduce_mean `ins` over each sample's pixels of convolution
-    `anchor`'s output (through the epilogue's map), or None when it reduces anything else."""
+    """The pieces of reduce_sum or reduce_mean `ins` over each sample's pixels of `anchor`'s
+    output (`pixel_axes`, through the epilogue's map), or None when it reduces anything else."""
     red = ins.op.reduction
     if red is None or red.combine != "add" or red.finalize not in (None, "div") or ins.shape.dtype == DType.float64:
         return None  # (the parts are added in float32)
-    if not pixel_sum_template(anchor) or not anchor.op.spatial_window or len(pieces) != 1 or pieces[0].domain:
+    axes = pixel_axes(anchor)
+    if axes is None or len(pieces) != 1 or pieces[0].domain:
         return None
     (p,) = pieces
     reduced = set(ins.op.reduced_axes(ins.shape.ndim))
-    pixels = {v.name for v in p.map.out_vars[2:]}
+    pixels = {p.map.out_vars[a].name for a in axes}
     read = [{v.name for v in free_vars(e)} for e in p.map.exprs]
     if any(read[j] - pixels if j in reduced else read[j] & pixels for j in range(len(read))):
         return None
     if set().union(*(read[j] for j in reduced)) != pixels:
         return None
-    value = b.add(EpilogueSum(range(2, anchor.shape.ndim), red.finalize == "div"), [p.value], ins.origin)
+    value = b.add(EpilogueSum(axes, red.finalize == "div"), [p.value], ins.origin)
     kept = [Const(0) if j in reduced else e for j, e in enumerate(p.map.exprs)]
     return [Piece(IndexMap(p.map.out_vars, kept, ins.shape.lens), (), value)]

@@ -103,6 +103,18 @@ def test_an_se_squeeze_is_summed_by_the_depthwise_kernel(batch, hw, fp16):
     assert "atomic_add(part" not in k.source and "atomic_xchg(part" not in k.source  # no float atomics
 
 
+@pytest.mark.parametrize("batch,hw,fp16", [(1, 7, False), (3, 5, True), (2, 12, False)])
+def test_a_global_mean_is_summed_by_the_linear_layer_over_pixels(batch, hw, fp16):
+    """ConvNeXt's last linear layer (channels-last rows of pixels) stores its map and the mean
+    over each sample's pixels; rows of several samples (5x5) and samples over several row
+    tiles (12x12) give their parts per sample."""
+    from tests.passes.test_reduction_epilogue import dot_mean_model
+
+    c = check_gpu(dot_mean_model(batch=batch, hw=hw), tolerance=HALF_TOL if fp16 else 2e-5, fp16=fp16)
+    (k,) = c.kernels
+    assert k.src.kernel_name.endswith("reduce_mean") and k.src.args[-2:] == ["part", "pcnt"]
+
+
 def test_depthwise_squeeze_parts_are_combined_across_many_pixel_blocks():
     """The smallest pixel block over 12x12 pixels: several blocks per sample."""
     from tests.passes.test_reduction_epilogue import se_model

@@ -174,6 +174,39 @@ def test_an_se_squeeze_is_stored_by_the_conv_that_produces_its_input():
     assert_same_results(parse_onnx(se_model(batch=2)), program, tolerance=1e-5)
 
 
+def dot_mean_model(batch: int = 2, hw: int = 7, c: int = 24, n: int = 32, shared: bool = True):
+    """A linear layer over the pixels of a channels-last map, its bias, a transpose back to
+    channels-first and a residual, then the global mean over the pixels: ConvNeXt's last
+    block and head. `shared=False` gives every sample weights of its own (a batched product)."""
+    nd = helper.make_node
+    nodes = [nd("MatMul", ["x", "w"], ["y"]), nd("Add", ["y", "b"], ["yb"]), nd("Transpose", ["yb"], ["t"], perm=[0, 3, 1, 2]),
+             nd("Add", ["t", "r"], ["s"]), nd("ReduceMean", ["s"], ["m"], axes=[2, 3], keepdims=1)]
+    w = rand(c, n, seed=1, scale=0.3) if shared else rand(batch, 1, c, n, seed=1, scale=0.3)
+    return make_model(nodes, {"x": [batch, hw, hw, c], "r": [batch, n, hw, hw]}, ["s", "m"], {"w": w, "b": rand(n, seed=2)})
+
+
+def test_a_global_mean_after_a_linear_layer_over_pixels_is_its_epilogue():
+    """The product's rows are every sample's pixels (its weights shared by all): the mean over
+    them is an epilogue sum over the product's middle axes, stored beside the map."""
+    program = parse_onnx(dot_mean_model())
+    api.fuse(program)
+    (kernel,) = [i for i in program.main if i.op.name == "fused"]
+    assert kernel.op.attrs["kernel"].startswith("dot") and kernel.op.attrs["kernel"].endswith("reduce_mean")
+    assert "epilogue_sum[axes={1,2},mean=True]" in str(kernel.op.module)
+    assert sorted(r.shape.lens for r in kernel.op.module.returns) == [(2, 32, 1, 1), (2, 32, 7, 7)]
+    assert_same_results(parse_onnx(dot_mean_model()), program, tolerance=1e-5)
+
+
+def test_a_mean_after_a_product_with_weights_per_sample_keeps_its_kernel():
+    """Weights of its own per sample make the sample the kernel's batch index, not part of its
+    rows: the mean stays a kernel of its own."""
+    program = parse_onnx(dot_mean_model(shared=False))
+    api.fuse(program)
+    kernels = [i.op.attrs["kernel"] for i in program.main if i.op.name == "fused"]
+    assert len(kernels) == 2 and kernels[-1] == "reduce_mean"
+    assert_same_results(parse_onnx(dot_mean_model(shared=False)), program, tolerance=1e-5)
+
+
 def pixel_program(axes: list[int], op: str = "reduce_mean", then_relu: bool = False) -> Program:
     p = Program()
     m = p.main

@@ -62,6 +62,17 @@ def column_pieces(width: int, tile: int) -> list[tuple[int, int]]:
     return [(0, big), (big, rest)]
 
 
+def pixel_sums_of(anchor: Instruction, spec: GemmSpec, sums: list[Instruction]) -> PixelSums:
+    """The pixel sums of a product kernel: over a convolution's spatial axes, or over the
+    middle axes of a product whose rows are every sample's pixels (its batches folded into M)."""
+    (axes,) = {r.inputs[1].op.attrs["axes"] for r in sums}
+    lens = anchor.shape.lens
+    channel = anchor.op.channel_axis(len(lens))
+    if not anchor.op.spatial_window and (spec.batch != 1 or spec.m != math.prod(lens) // lens[channel]):
+        raise CodegenError(f"{anchor.op.name}'s kernel does not hold each sample's pixels as rows: no pixel sums")
+    return PixelSums(spec.m, math.prod(lens[a] for a in axes), lens[channel], channel_axis=channel)
+
+
 class GemmEmitter:
     """Writes one product kernel's body into a KernelWriter (`lines`)."""
 
@@ -77,7 +88,7 @@ class GemmEmitter:
         self.w.tile_reduction = self._epilogue_reduction
         self.sum_codes: dict[int, str] = {}  # the tile a pixel sum is stored on -> its code
         self.sums = pixel_sum_returns(module)
-        self.pixel_sums = PixelSums(spec.m, math.prod(anchor.shape.lens[2:]), anchor.shape.lens[1]) if self.sums else None
+        self.pixel_sums = pixel_sums_of(anchor, spec, self.sums) if self.sums else None
         self.a_in, self.b_in = anchor.inputs
         a_loads = selected_loads(self.a_in)
         self.a_plain = a_loads is not None  # A computes nothing: its loads are zero wherever masked

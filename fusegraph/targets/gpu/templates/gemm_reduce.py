@@ -1,6 +1,7 @@
 """Reductions inside a GEMM epilogue: across a tile's columns (`segment_softmax`,
 `segment_reduce`, `segment_layernorm`) and over each
-sample's pixels of a convolution (`epilogue_sum`, the squeeze of an SE block).
+sample's pixels of a convolution or of a product over rows of pixels (`epilogue_sum`, the
+squeeze of an SE block, a global mean after a last linear layer).
 
 The pass (`passes/reduction_epilogue.py`) lets a softmax join a product's epilogue when each
 of its runs is an aligned run of L output channels; the template then makes the N tile one run
@@ -116,12 +117,14 @@ GEMM_TILE = TileNames("rm", "rn", "BM", "BN", "pid_m", "gz * tl.num_programs(1) 
 @dataclass(frozen=True)
 class PixelSums:
     """The shape of a kernel's pixel sums: its rows (samples x pixels), the pixels per sample
-    and the output channels, and the names of the template's tile."""
+    and the output channels, the anchor's channel axis (1 for a convolution's N, C, pixels...;
+    the last for a product's N, pixels..., C) and the names of the template's tile."""
 
     rows: int
     pixels: int
     channels: int
     names: TileNames = GEMM_TILE
+    channel_axis: int = 1
 
     def slots(self, bm: str | int) -> str:
         return f"(({bm} - 1) // {self.pixels} + 2)"
@@ -154,7 +157,7 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
     x = w.value(ret.inputs[1].inputs[0], te, out_index)
     valid = te.conjunction(te.mask_for(te.dims))
     v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [{bm}, {t.col_block}]), 0.0)")
-    chan, cols, n, slots = te.code(out_index[1]), te.bounds[t.col], sums.channels, sums.slots(bm)
+    chan, cols, n, slots = te.code(out_index[sums.channel_axis]), te.bounds[t.col], sums.channels, sums.slots(bm)
     keep = f", mask={cols}" if cols else ""
     w.emit(f"s0 = {t.row_program} * {bm} // {p}")
     with w.block(f"for j in tl.static_range({slots}):"):
