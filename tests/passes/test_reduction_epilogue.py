@@ -207,6 +207,18 @@ def test_a_mean_after_a_product_with_weights_per_sample_keeps_its_kernel():
     assert_same_results(parse_onnx(dot_mean_model(shared=False)), program, tolerance=1e-5)
 
 
+def test_a_mean_after_a_product_the_gpu_would_split_keeps_its_kernel():
+    """Few rows over a long k loop: the template splits k, which an epilogue sum forbids, so
+    the mean stays a kernel of its own; with rows enough the same product takes it."""
+    from fusegraph.passes.reduction_epilogue import SPLIT_K_MIN_K
+
+    for batch, fused in ((1, False), (30, True)):  # 30 x 144 rows: 135 tiles of 32 rows
+        program = parse_onnx(dot_mean_model(batch=batch, hw=12, c=SPLIT_K_MIN_K))
+        api.fuse(program)
+        kernels = [i.op.attrs["kernel"] for i in program.main if i.op.name == "fused"]
+        assert (kernels[-1] == "reduce_mean") != fused and len(kernels) == (1 if fused else 2), (batch, kernels)
+
+
 def pixel_program(axes: list[int], op: str = "reduce_mean", then_relu: bool = False) -> Program:
     p = Program()
     m = p.main
