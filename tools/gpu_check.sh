@@ -53,6 +53,7 @@ for s in $steps; do
                step cold_$m timeout 150 env FUSEGRAPH_CACHE_DIR=/tmp/fgc-cold-$m-$$ TRITON_CACHE_DIR=/tmp/tc-cold-$m-$$ $py -m fusegraph.driver.cli perf $m --fp16; done ;;
     models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) ;;
     gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;
+    gemm_gelu) step gemm_gelu timeout 90 $py bench/gemm.py --gelu --shapes b32 ;;
     attention_bench) step attention_bench timeout 150 $py bench/attention.py ;;
     saved_load) step saved_load timeout 120 $py bench/saved_load.py ;;
     dynamic_batch) step dynamic_batch timeout 180 $py bench/dynamic_batch.py ;;
