@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                        lambda c: [run_fusegraph(c, iters, m) for m in FUSEGRAPH_MODES if m in modes])
     torch_wanted = any(m in TORCH_MODES for m in modes)
     # written now and again at the end: a run stopped from outside (a time limit) keeps its file
-    _write(fused, cases, args, device, start, "fusegraph's kernels not yet counted" + ("; torch not yet run" if torch_wanted else ""))
+    pending = "fusegraph's kernels not yet counted" + ("; torch not yet run" if torch_wanted else "")
+    _write(fused, cases, args, device, start, pending)
     for row in fused:
         count_fusegraph_kernels(row, device)
     _free()

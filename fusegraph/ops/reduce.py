@@ -256,8 +256,8 @@ class EpilogueSum(Op):
     """The sum (or mean) over `axes`, repeated along them: a reduce_sum or reduce_mean inside
     a convolution's or a row product's epilogue (`passes/reduction_epilogue.py`), in the
     anchor's index space, where it reduces each sample's pixels per channel (the squeeze of a
-    squeeze-and-excitation block; `reduction_epilogue.pixel_axes`). Only stored: the kernel's programs hold parts of the pixels, so the value exists
-    once they have all added theirs."""
+    squeeze-and-excitation block; `reduction_epilogue.pixel_axes`). Only stored: the kernel's
+    programs hold parts of the pixels, so the value exists once they have all added theirs."""
 
     name = "epilogue_sum"
     kind = OpKind.REDUCE

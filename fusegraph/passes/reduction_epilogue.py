@@ -8,9 +8,9 @@ gemm -> reshape {..,3,64} -> transpose -> softmax over the 64).
 
 A sum or mean over a convolution's pixels per sample and channel (the squeeze of an SE block;
 or over the rows of a matrix product that are one sample's pixels, a ConvNeXt's global mean
-after its last linear layer) spans many tiles of rows instead: it joins the epilogue as an `epilogue_sum` that is only
-stored (each program adds its rows' part, the GPU template combines the parts in a fixed
-order), legal when, through the epilogue's map, the reduced axes read only the anchor's pixel
+after its last linear layer) spans many tiles of rows instead: it joins the epilogue as an
+`epilogue_sum` that is only stored (each program adds its rows' part, the GPU template
+combines the parts in a fixed order), legal when, through the epilogue's map, the reduced axes read only the anchor's pixel
 indices and the kept axes only its sample and channel indices.
 
 Legality comes from the index maps alone: the epilogue's map sends an anchor index to the
@@ -152,7 +152,7 @@ def pixel_axes(anchor: Instruction) -> range | None:
 
 # The GEMM template splits a product's k loop across programs when its 32x64 tiles are fewer
 # than the GPU's multiprocessors (132 on an H100 or H200) and the loop is at least 8 chunks of
-# 64; an epilogue sum forbids the split, which at batch 1 costs a long product more than a
+# 64 (`targets/gpu/templates/gemm_configs._configs`: a change there belongs here too); an epilogue sum forbids the split, which at batch 1 costs a long product more than a
 # mean's kernel (ConvNeXt-T's last linear layer: 49 rows, K 3072, split eight ways).
 SPLIT_K_TILES = 132
 SPLIT_K_MIN_K = 512
