@@ -25,6 +25,13 @@ from fusegraph.targets.gpu.bound_program import BoundProgram
 from fusegraph.targets.gpu.device_errors import kernel_failed, out_of_memory
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 from fusegraph.targets.gpu.memory_plan import Buffer, BufferKind, MemoryPlan
+from fusegraph.targets.gpu.templates.gemm_tma import ensure_allocator
+
+
+# Bytes every buffer a kernel reads starts on: Triton's launcher builds its kernels for
+# 16-byte aligned pointers, and a tensor descriptor (templates/gemm_tma.py) needs them. The
+# program's own buffers are aligned to 256; a caller's tensor that is not gets copied.
+INPUT_ALIGNMENT = 16
 
 
 def use_interpreter_without_gpu() -> bool:
@@ -111,6 +118,8 @@ class Kernel:
     def launch(self, tensors: list[Any], config: Config | None = None) -> None:
         c = config or self.config
         constexprs, options = self.src.launch_arguments(c)
+        if self.src.tensor_descriptors:
+            ensure_allocator(tensors[0].device.type)
         try:
             self.fn[self.src.grid(c)](*tensors, **constexprs, **options)
         except FusegraphError:
@@ -238,6 +247,8 @@ class CompiledProgram:
                 if v.dtype != want:
                     v = v.to(want)
                 v = v.contiguous().reshape(-1)
+                if v.data_ptr() % INPUT_ALIGNMENT:  # a view into the middle of a tensor
+                    v = v.clone()
             if tuple(v.shape) != (max(1, p.shape.elements),) and v.numel() != p.shape.elements:
                 raise InputError(f"input {name!r} has {v.numel()} elements, expected {p.shape.elements}")
             out[name] = v

@@ -53,6 +53,9 @@ class KernelSource:
     # body lines a kernel may run before its predecessor has finished, under dependent launch:
     # L2 prefetches of the weights it reads (`templates/gemm_prefetch.py`)
     before_wait: list[str] = field(default_factory=list)
+    # makes tensor descriptors in the kernel (`templates/gemm_tma.py`): Triton allocates their
+    # global scratch at each launch
+    tensor_descriptors: bool = False
 
     @property
     def source(self) -> str:

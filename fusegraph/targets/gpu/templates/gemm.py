@@ -40,4 +40,5 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(spec.m, "BM", None), n_grid, (spec.batch, None, "SPLIT")],
                         flops=spec.flops, default_tune=default_tune,
-                        pixel_sums=emitter.pixel_sums, before_wait=weight_prefetch(emitter.w, spec, emitter.b_in, period))
+                        pixel_sums=emitter.pixel_sums, before_wait=weight_prefetch(emitter.w, spec, emitter.b_in, period),
+                        tensor_descriptors=bool(emitter.tma))

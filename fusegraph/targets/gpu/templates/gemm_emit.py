@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from fusegraph.ir.dtypes import DType
-from fusegraph.ir.index_expr import Var, free_vars
+from fusegraph.ir.index_expr import Var, bounds, free_vars
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
@@ -21,6 +21,7 @@ from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, column
                                                              prologue_norms, row_stores, selected_loads)
 from fusegraph.targets.gpu.templates.gemm_reduce import SEGMENT_EMITTERS, PixelSums, emit_pixel_sums, pixel_sum_returns
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
+from fusegraph.targets.gpu.templates.gemm_tma import TmaOperand, tma_operand, tma_wanted
 
 
 @dataclass
@@ -105,6 +106,8 @@ class GemmEmitter:
             self.operand = "tl.float32"  # the interpreter's bf16 dot is wrong
         self.precision = "" if dtype != DType.float32 else (
             ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
+        self.use_tma = dtype != DType.float64 and tma_wanted(interpret)
+        self.tma: dict[str, TmaOperand] = {}  # "a", "b": the operands read through tensor descriptors
 
     @property
     def lines(self) -> list[str]:
@@ -137,6 +140,8 @@ class GemmEmitter:
         w.emit("pid_k = tl.program_id(2) % SPLIT")
         w.emit("rm = pid_m * BM + tl.arange(0, BM)")
         w.emit("rn = tl.arange(0, BN)" if period else "rn = pid_n * BN + tl.arange(0, BN)")
+        if self.use_tma and not period:
+            self._descriptors()
         # two narrower products would each need W's column sums: a period tile normalizes first
         deferred = self.defer_norm and not period
         vanish = deferred and columns_vanish(self.module, self.w.inputs, self.norms, self.b_in, spec.b_index)
@@ -189,11 +194,38 @@ class GemmEmitter:
             w.emit("last = tl.full([1, 1], 1, tl.int1)")
         self._epilogue(blocks)
 
+    def _descriptors(self) -> None:
+        """Tensor descriptors for the operands the TMA can read (`gemm_tma.py`): a raw load, read
+        with no domain, padding or prologue rows stored."""
+        spec, w = self.spec, self.w
+        if spec.taps > 1:  # a tap's window offsets are not a 2-d tensor's rows
+            return
+        plain_a = is_load(self.a_in) and self.a_plain and not self.row_stores and all(
+            lo <= bounds(e)[0] and bounds(e)[1] < hi for e, lo, hi in spec.a_valid)
+        for key, load, index, tile_vars in (("a", self.a_in, spec.a_index, ("rm", "rk")),
+                                            ("b", self.b_in, spec.b_index, ("rk", "rn"))):
+            if not is_load(load) or (key == "a" and not plain_a) or KernelWriter.domain_ranges(load, index):
+                continue
+            operand = tma_operand(w.address(load, index), tile_vars, load.shape.dtype.itemsize)
+            if operand is None:
+                continue
+            self.tma[key] = operand
+            block = {"rm": "BM", "rk": "BK", "rn": "BN"}
+            w.emit(operand.descriptor(f"{key}_desc", w.buffer(load.inputs[0])[0], (block[operand.outer], block[operand.inner])))
+
+    def _tma_tile(self, key: str) -> str:
+        """The chunk of operand `key` read through its descriptor, as a [rows, cols] tile of the product."""
+        operand = self.tma[key]
+        start = {"rm": "pid_m * BM", "rk": "k0", "rn": "pid_n * BN"}
+        value = self.w.let(f"{key}_desc.load([{start[operand.outer]}, {start[operand.inner]}])", "ld")
+        return value if operand.outer == ("rm" if key == "a" else "rk") else f"{value}.T"
+
     def _k_chunk(self) -> tuple[str | None, str | None]:
         """Emit the chunk's `rk` (and `tap`); returns the k bounds of the A and the B tile."""
         w, spec = self.w, self.spec
         if not spec.taps:
-            w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
+            if len(self.tma) < 2 or self.norms:  # else no load of the chunk needs its lanes' k
+                w.emit("rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)")
             return f"(rk[None, :] < {spec.k})", f"(rk[:, None] < {spec.k})"
         channels = spec.k // spec.taps  # chunks never straddle taps: BK divides the channels
         w.emit(f"tap = k0 // {channels}")
@@ -237,7 +269,7 @@ class GemmEmitter:
         for i, name in ahead.items():  # read a chunk ahead (no padding conditions: the key's mask is empty)
             ta.memo[(i, spec.a_index, ())] = name
         conds = [c for e, lo, hi in spec.a_valid for c in ta.range_conds(e, lo, hi)]
-        av = w.value(self.a_in, ta, spec.a_index, tuple(conds))
+        av = self._tma_tile("a") if "a" in self.tma else w.value(self.a_in, ta, spec.a_index, tuple(conds))
         emit_row_stores(w, self.row_stores, ta, spec.a_index, self.stats.deferred)
         if self.row_stores:
             # Triton 3.6 on Hopper miscompiles a kernel that stores prologue rows (in this loop or
@@ -256,7 +288,8 @@ class GemmEmitter:
     def _b_tile(self, b: Columns, k_bound: str | None) -> str:
         tb = Tile({"rk": "rk[:, None]", "rn": f"{b.rn}[None, :]", "gz": "gz", "tap": "tap", "nq": "pid_n"},
                   {"rk": k_bound, "rn": b.bound})
-        return f"tl.broadcast_to({self.w.value(self.b_in, tb, self.spec.b_index)}, [BK, {b.width}]).to({self.operand})"
+        bv = self._tma_tile("b") if "b" in self.tma else self.w.value(self.b_in, tb, self.spec.b_index)
+        return f"tl.broadcast_to({bv}, [BK, {b.width}]).to({self.operand})"
 
     def _epilogue(self, blocks: list[Columns]) -> None:
         for b in blocks:
