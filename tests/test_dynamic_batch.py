@@ -74,6 +74,35 @@ def test_with_batch_rebatches_traced_reshapes_and_keeps_weight_reshapes() -> Non
     assert [d.dim_value for d in with_batch(model, 5).graph.input[0].type.tensor_type.shape.dim] == [5, 6]
 
 
+def class_token_model() -> onnx.ModelProto:
+    """x[1, 4, 8] (patch tokens) -> Concat along the tokens with a class token [1, 1, 8]
+    expanded to the traced batch of 1 by a constant shape, as timm's vision transformers export
+    it, -> + a position table [1, 5, 8] -> Relu."""
+    nodes = [helper.make_node("Constant", [], ["cs"], value=helper.make_tensor("csv", TensorProto.INT64, [3], [1, -1, -1])),
+             helper.make_node("Abs", ["cs"], ["shape"]),  # a computed shape, as the exporter's Where chain is
+             helper.make_node("Expand", ["cls", "shape"], ["c"]),
+             helper.make_node("Concat", ["c", "x"], ["t"], axis=1),
+             helper.make_node("Add", ["t", "pos"], ["p"]), helper.make_node("Relu", ["p"], ["out"])]
+    rng = np.random.default_rng(4)
+    return make_model(nodes, {"x": [1, 4, 8]}, ["out"],
+                      {"cls": rng.standard_normal((1, 1, 8)).astype(np.float32),
+                       "pos": rng.standard_normal((1, 5, 8)).astype(np.float32)})
+
+
+def test_a_class_token_joins_every_sample_of_a_rebatched_model() -> None:
+    model = class_token_model()
+    x = np.random.default_rng().standard_normal((3, 4, 8)).astype(np.float32)
+    got = fusegraph.run(fusegraph.parse_onnx(model, batch=3), {"x": x})["out"]
+    assert got.shape == (3, 5, 8)
+    assert rel_err(got, per_sample(model, {"x": x})[0]) < 1e-6
+    assert [n.op_type for n in with_batch(model, 3).graph.node].count("Expand") == 2  # the token broadcast to 3
+
+
+def test_a_rebatched_vision_transformer_parses() -> None:
+    program = fusegraph.parse_onnx("vit_small_patch16_224", batch=2)
+    assert program.input_shapes["input"].lens == (2, 3, 224, 224)
+
+
 def test_a_symbolic_batch_is_rebatched_and_a_fixed_one_refused() -> None:
     symbolic = make_model([helper.make_node("Relu", ["x"], ["out"])], {"x": ["N", 4]}, ["out"])
     assert batched_inputs(symbolic) == ["x"]

@@ -3,12 +3,15 @@
 fusegraph compiles for fixed shapes, so a model runs `batch` samples at once only once its
 batch dimension is that number everywhere it is written down: the graph's inputs and outputs,
 and the Reshape targets an exporter wrote with the traced batch of 1 as a literal (YOLOv5's head
-reshapes to [1, 3, 85, 80, 80]). The batch dimension is the first one of every input whose
-first dimension is 1 or symbolic, as MIGraphX's `--batch` takes it.
+reshapes to [1, 3, 85, 80, 80]), and the values that join the batch without coming from it: a
+vision transformer's class token, expanded to the traced batch of 1 and concatenated with the
+patch tokens, is broadcast to the batch before its Concat. The batch dimension is the first one
+of every input whose first dimension is 1 or symbolic, as MIGraphX's `--batch` takes it.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -34,6 +37,7 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
+    ranks = _ranks(model)
     for value in graph.input:
         if value.name in names:
             _set_first(value, batch)
@@ -41,24 +45,45 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
         if _batchable(value):
             _set_first(value, batch)
     del graph.value_info[:]  # intermediate shapes recorded at batch 1 would now be wrong
-    _rebatch_reshapes(graph, set(names), batch)
+    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    dependent = _dependent(graph, set(names))
+    _rebatch_reshapes(graph, dependent, batch, taken)
+    _broadcast_concat_inputs(graph, dependent, ranks, batch, taken)
     return out
 
 
-def _rebatch_reshapes(graph: onnx.GraphProto, batched: set[str], batch: int) -> None:
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank ONNX's shape inference finds for each value of the model it can."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 - a model the checker refuses: the importer reports its faults
+        inferred = model.graph
+    out = {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.value_info, *inferred.input, *inferred.output]
+           if v.type.tensor_type.HasField("shape")}
+    out.update({t.name: len(t.dims) for t in model.graph.initializer})
+    return out
+
+
+def _dependent(graph: onnx.GraphProto, batched: set[str]) -> set[str]:
+    """The values computed from the batched inputs (the graph's nodes are in dataflow order)."""
+    dependent = set(batched)
+    for node in graph.node:
+        if any(i in dependent for i in node.input):
+            dependent.update(node.output)
+    return dependent
+
+
+def _rebatch_reshapes(graph: onnx.GraphProto, dependent: set[str], batch: int, taken: set[str]) -> None:
     """Give `batch` to each constant Reshape target that starts with 1 and reshapes a value
     computed from a batched input (a reshape of weights keeps its 1). The new target is a
     fresh initializer, so a constant shared with other nodes is left as it was."""
     constants = {t.name: t for t in graph.initializer}
     constants.update({n.output[0]: n.attribute[0].t for n in graph.node
                       if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
-    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
-    dependent = set(batched)
-    for k, node in enumerate(graph.node):
-        if not any(i in dependent for i in node.input):
-            continue
-        dependent.update(node.output)
+    for node in graph.node:
         if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in constants:
+            continue
+        if node.input[0] not in dependent:
             continue
         dims = numpy_helper.to_array(constants[node.input[1]]).copy()
         if dims.ndim != 1 or not dims.size or dims[0] != 1:
@@ -67,6 +92,29 @@ def _rebatch_reshapes(graph: onnx.GraphProto, batched: set[str], batch: int) -> 
         name = _fresh(f"{node.input[1]}_batch{batch}", taken)
         graph.initializer.append(numpy_helper.from_array(dims, name))
         node.input[1] = name
+
+
+def _broadcast_concat_inputs(graph: onnx.GraphProto, dependent: set[str], ranks: dict[str, int],
+                             batch: int, taken: set[str]) -> None:
+    """Broadcast to `batch` each input of a Concat (along another axis than the batch's) that
+    does not come from the batched inputs but is concatenated with one that does: a class token
+    joining its patch tokens. Its first dimension is the traced batch's 1, since the Concat
+    held at that batch."""
+    nodes = list(graph.node)
+    del graph.node[:]
+    for node in nodes:
+        if node.op_type == "Concat" and any(i in dependent for i in node.input):
+            rank = max((ranks.get(i, 0) for i in node.input), default=0)
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            for k, name in enumerate(node.input):
+                if rank and axis % rank and name not in dependent:
+                    target = _fresh(f"{name}_batch{batch}_shape", taken)
+                    graph.initializer.append(numpy_helper.from_array(np.array([batch] + [1] * (rank - 1), np.int64), target))
+                    expanded = _fresh(f"{name}_batch{batch}", taken)
+                    graph.node.append(onnx.helper.make_node("Expand", [name, target], [expanded],
+                                                            name=_fresh(f"{node.name}_broadcast{k}", taken)))
+                    node.input[k] = expanded
+        graph.node.append(node)
 
 
 def _fresh(name: str, taken: set[str]) -> str:
