@@ -82,13 +82,19 @@ def test_post_norm_block_under_split_k_and_every_default_config():
 
 
 @pytest.mark.skipif(not has_gpu(), reason="BERT-sized: minutes under the interpreter; the defect it guards is the GPU's")
-def test_post_norm_block_at_bert_batch_32_size_under_every_unsplit_config():
+def test_post_norm_block_at_bert_batch_32_size_under_every_unsplit_config(monkeypatch):
     """BERT-base's feed-forward block at batch 32 (4096 rows, 768 -> 3072), fp16: the large
     tiles (128x256, 8 warps) that only such sizes choose. Triton 3.6 on an H100 wrote NaN into a
     few hundred rows of the product's output per run until the k loop gained its barrier
-    (`GemmEmitter._a_tile`); runs vary, so each config runs three times."""
+    (`GemmEmitter._a_tile`); runs vary, so each config runs three times. By default a norm of
+    this many rows keeps its own kernel (`prologue_rule`), so the product is made to store it."""
+    from fusegraph.passes import prologue_rule
+
+    monkeypatch.setenv("FUSEGRAPH_STORE_NORMS", "1")
+    monkeypatch.setattr(prologue_rule, "NORM_PROLOGUE_MAX_ROWS", 1 << 30)
     program = parse_onnx(post_norm_block(m=4096, k=768, h=3072))
     compiled = api.compile(program, "gpu", tune=False, fp16=True)
+    assert compiled.kernels[0].src.kernel_name == "add_layernorm_dot_mul_erf"
     configs = [c for c in compiled.kernels[0].src.configs if c["SPLIT"] == 1]
     assert any(c["BM"] == 128 and c["BN"] == 256 for c in configs), configs
     _run_configs(program, compiled, configs, seed=3, tolerance=FP16_TOL, runs=3)
