@@ -98,9 +98,30 @@ def test_a_class_token_joins_every_sample_of_a_rebatched_model() -> None:
     assert [n.op_type for n in with_batch(model, 3).graph.node].count("Expand") == 2  # the token broadcast to 3
 
 
-def test_a_rebatched_vision_transformer_parses() -> None:
-    program = fusegraph.parse_onnx("vit_small_patch16_224", batch=2)
-    assert program.input_shapes["input"].lens == (2, 3, 224, 224)
+def assembled_target_model() -> onnx.ModelProto:
+    """x[1, 4, 6] reshaped to [1, 4 / 2, 2, 6], its target a Concat of the literal [1] and
+    parts computed from x's shape, as Swin's window partitions export."""
+    def const(name, values):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name + "v", TensorProto.INT64, [len(values)], values))
+
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), const("one", [1]), const("i1", [1]), const("two", [2]),
+             const("six", [6]), helper.make_node("Gather", ["sh", "i1"], ["rows"]),
+             helper.make_node("Div", ["rows", "two"], ["half"]),
+             helper.make_node("Concat", ["one", "half", "two", "six"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]), helper.make_node("Relu", ["r"], ["out"])]
+    return make_model(nodes, {"x": [1, 4, 6]}, ["out"])
+
+
+def test_a_reshape_target_assembled_from_a_literal_batch_is_rebatched() -> None:
+    model = assembled_target_model()
+    x = np.random.default_rng().standard_normal((3, 4, 6)).astype(np.float32)
+    got = fusegraph.run(fusegraph.parse_onnx(model, batch=3), {"x": x})["out"]
+    np.testing.assert_array_equal(got, np.maximum(x.reshape(3, 2, 2, 6), 0))
+
+
+def test_rebatched_transformers_parse() -> None:
+    for name in ("vit_small_patch16_224", "swin_tiny_patch4_window7_224"):
+        assert fusegraph.parse_onnx(name, batch=2).input_shapes["input"].lens == (2, 3, 224, 224)
 
 
 def test_a_symbolic_batch_is_rebatched_and_a_fixed_one_refused() -> None:

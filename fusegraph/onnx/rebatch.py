@@ -3,7 +3,8 @@
 fusegraph compiles for fixed shapes, so a model runs `batch` samples at once only once its
 batch dimension is that number everywhere it is written down: the graph's inputs and outputs,
 and the Reshape targets an exporter wrote with the traced batch of 1 as a literal (YOLOv5's head
-reshapes to [1, 3, 85, 80, 80]), and the values that join the batch without coming from it: a
+reshapes to [1, 3, 85, 80, 80]; Swin's window partitions assemble theirs by a Concat that starts
+with the literal [1]), and the values that join the batch without coming from it: a
 vision transformer's class token, expanded to the traced batch of 1 and concatenated with the
 patch tokens, is broadcast to the batch before its Concat. The batch dimension is the first one
 of every input whose first dimension is 1 or symbolic, as MIGraphX's `--batch` takes it.
@@ -74,24 +75,37 @@ def _dependent(graph: onnx.GraphProto, batched: set[str]) -> set[str]:
 
 
 def _rebatch_reshapes(graph: onnx.GraphProto, dependent: set[str], batch: int, taken: set[str]) -> None:
-    """Give `batch` to each constant Reshape target that starts with 1 and reshapes a value
-    computed from a batched input (a reshape of weights keeps its 1). The new target is a
-    fresh initializer, so a constant shared with other nodes is left as it was."""
+    """Give `batch` to each Reshape target that starts with a literal 1 and reshapes a value
+    computed from a batched input (a reshape of weights keeps its 1): a constant target, or one
+    an exporter assembles by a Concat whose first part is the constant [1] and whose others
+    come from shapes (Swin's window partitions). The new first dimension is a fresh
+    initializer, so a constant shared with other nodes is left as it was."""
     constants = {t.name: t for t in graph.initializer}
     constants.update({n.output[0]: n.attribute[0].t for n in graph.node
                       if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
     for node in graph.node:
-        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in constants:
+        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[0] not in dependent:
             continue
-        if node.input[0] not in dependent:
+        holder, slot = node, 1  # the node input that holds the target's first part
+        concat = producer.get(node.input[1])
+        if node.input[1] not in constants:
+            if concat is None or concat.op_type != "Concat" or readers.get(node.input[1], 0) != 1 or not concat.input:
+                continue
+            holder, slot = concat, 0
+        if holder.input[slot] not in constants:
             continue
-        dims = numpy_helper.to_array(constants[node.input[1]]).copy()
-        if dims.ndim != 1 or not dims.size or dims[0] != 1:
+        dims = numpy_helper.to_array(constants[holder.input[slot]]).copy()
+        if dims.ndim != 1 or not dims.size or dims[0] != 1 or (holder is concat and dims.size != 1):
             continue
         dims[0] = batch
-        name = _fresh(f"{node.input[1]}_batch{batch}", taken)
+        name = _fresh(f"{holder.input[slot]}_batch{batch}", taken)
         graph.initializer.append(numpy_helper.from_array(dims, name))
-        node.input[1] = name
+        holder.input[slot] = name
 
 
 def _broadcast_concat_inputs(graph: onnx.GraphProto, dependent: set[str], ranks: dict[str, int],
