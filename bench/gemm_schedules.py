@@ -1,6 +1,6 @@
 """Benchmark: what Triton reaches on the transformer GEMMs under four operand/schedule choices.
 
-Not fusegraph's template: five small standalone Triton kernels of `C = A @ B + bias` (fp16,
+Not fusegraph's template: seven small standalone Triton kernels of `C = A @ B + bias` (fp16,
 fp32 accumulation, A [M, K] and B [K, N] row-major) that differ only in how they read their
 operands and walk their tiles, each timed under eight tile configs against cuBLAS's addmm:
 
@@ -12,6 +12,8 @@ operands and walk their tiles, each timed under eight tile configs against cuBLA
   row tiles, the tile loop flattened into the k loop so the next tile's copies overlap this
   one's epilogue; the result stored by pointer / through a descriptor.
 * `ptr_p`: the persistent walk with pointer loads.
+* `tmah` / `tmah_p`: `tma` and `tma_ps` with descriptors made on the host and passed to the
+  kernel by value, so no program makes its own.
 
 Each contender is a CUDA graph of 20 back-to-back launches, timed by CUDA events over 10
 replays (median per launch), cuBLAS the same way; results are checked against addmm. The table
@@ -38,7 +40,7 @@ from bench.timing import Table, write_results
 SHAPES = [("vit qkv", 6304, 384, 1152), ("vit proj", 6304, 384, 384), ("vit fc1", 6304, 384, 1536),
           ("vit fc2", 6304, 1536, 384), ("bert qkv", 4096, 768, 2304), ("bert proj", 4096, 768, 768),
           ("bert fc1", 4096, 768, 3072), ("bert fc2", 4096, 3072, 768)]
-VARIANTS = ["ptr", "tma", "tma_p", "tma_ps", "ptr_p"]
+VARIANTS = ["ptr", "tma", "tma_p", "tma_ps", "ptr_p", "tmah", "tmah_p"]
 # (BM, BN, BK, warps, stages)
 CONFIGS = [(128, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 4),
            (128, 128, 64, 4, 4), (64, 256, 64, 4, 3), (128, 128, 32, 4, 4)]
@@ -107,6 +109,29 @@ def k_ptr_p(a, b, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.c
         out = (acc + tl.load(bias + rn, mask=rn < N)[None, :].to(tl.float32)).to(tl.float16)
         tl.store(c + rm[:, None] * N + rn[None, :], out, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+@triton.jit
+def k_tmah(ad, bd, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    pid_m = tl.program_id(0); pid_n = tl.program_id(1)
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        acc = tl.dot(ad.load([pid_m * BM, k0]), bd.load([k0, pid_n * BN]), acc)
+    rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN)
+    out = acc + tl.load(bias + rn, mask=rn < N)[None, :].to(tl.float32)
+    tl.store(c + rm[:, None] * N + rn[None, :], out.to(tl.float16), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+@triton.jit
+def k_tmah_p(ad, bd, cd, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, NPROG: tl.constexpr):
+    npm = tl.cdiv(M, BM); npn = tl.cdiv(N, BN); tiles = npm * npn
+    per_group = GROUP * npn
+    for t in tl.range(tl.program_id(0), tiles, NPROG, flatten=True):
+        g = t // per_group; first = g * GROUP; gs = min(npm - first, GROUP)
+        pid_m = first + (t % per_group) % gs; pid_n = (t % per_group) // gs
+        acc = tl.zeros([BM, BN], tl.float32)
+        for k0 in range(0, K, BK):
+            acc = tl.dot(ad.load([pid_m * BM, k0]), bd.load([k0, pid_n * BN]), acc)
+        rn = pid_n * BN + tl.arange(0, BN)
+        cd.store([pid_m * BM, pid_n * BN], (acc + tl.load(bias + rn, mask=rn < N)[None, :].to(tl.float32)).to(tl.float16))
+
 def graph_time(fn, reps: int = 20, iters: int = 10) -> float:
     """Median microseconds per launch of `fn`, from a CUDA graph of `reps` launches."""
     fn()
@@ -135,8 +160,18 @@ def launcher(variant: str, a, b, c, bias, m: int, k: int, n: int, config: tuple[
         kern = k_ptr if variant == "ptr" else k_tma
         return lambda: kern[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
             a, b, c, bias, m, n, k, BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=warps, num_stages=stages)
-    kern = k_ptr_p if variant == "ptr_p" else k_tma_p
     programs = min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn))
+    if variant in ("tmah", "tmah_p"):  # descriptors made on the host, passed by value
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        ad, bd = TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bk, bn])
+        if variant == "tmah":
+            return lambda: k_tmah[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+                ad, bd, c, bias, m, n, k, BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=warps, num_stages=stages)
+        cd = TensorDescriptor.from_tensor(c, [bm, bn])
+        return lambda: k_tmah_p[(programs,)](ad, bd, cd, bias, m, n, k, BM=bm, BN=bn, BK=bk, GROUP=8, NPROG=programs,
+                                             num_warps=warps, num_stages=stages)
+    kern = k_ptr_p if variant == "ptr_p" else k_tma_p
     return lambda: kern[(programs,)](a, b, c, bias, m, n, k, BM=bm, BN=bn, BK=bk, GROUP=8, NPROG=programs,
                                      TSTORE=variant == "tma_ps", num_warps=warps, num_stages=stages)
 
