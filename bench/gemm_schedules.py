@@ -59,6 +59,7 @@ def k_ptr(a, b, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.con
     out = acc + tl.load(bias + rn, mask=rn < N)[None, :].to(tl.float32)
     tl.store(c + rm[:, None] * N + rn[None, :], out.to(tl.float16), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+
 @triton.jit
 def k_tma(a, b, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     pid_m = tl.program_id(0); pid_n = tl.program_id(1)
@@ -70,6 +71,7 @@ def k_tma(a, b, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.con
     rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN)
     out = acc + tl.load(bias + rn, mask=rn < N)[None, :].to(tl.float32)
     tl.store(c + rm[:, None] * N + rn[None, :], out.to(tl.float16), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
 
 @triton.jit
 def k_tma_p(a, b, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, NPROG: tl.constexpr, TSTORE: tl.constexpr):
@@ -92,6 +94,7 @@ def k_tma_p(a, b, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.c
             rm = pid_m * BM + tl.arange(0, BM)
             tl.store(c + rm[:, None] * N + rn[None, :], out, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+
 @triton.jit
 def k_ptr_p(a, b, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, NPROG: tl.constexpr, TSTORE: tl.constexpr):
     npm = tl.cdiv(M, BM); npn = tl.cdiv(N, BN); tiles = npm * npn
@@ -109,6 +112,7 @@ def k_ptr_p(a, b, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.c
         out = (acc + tl.load(bias + rn, mask=rn < N)[None, :].to(tl.float32)).to(tl.float16)
         tl.store(c + rm[:, None] * N + rn[None, :], out, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+
 @triton.jit
 def k_tmah(ad, bd, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     pid_m = tl.program_id(0); pid_n = tl.program_id(1)
@@ -118,6 +122,7 @@ def k_tmah(ad, bd, c, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.
     rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN)
     out = acc + tl.load(bias + rn, mask=rn < N)[None, :].to(tl.float32)
     tl.store(c + rm[:, None] * N + rn[None, :], out.to(tl.float16), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
 
 @triton.jit
 def k_tmah_p(ad, bd, cd, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, NPROG: tl.constexpr):
@@ -131,6 +136,7 @@ def k_tmah_p(ad, bd, cd, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: 
             acc = tl.dot(ad.load([pid_m * BM, k0]), bd.load([k0, pid_n * BN]), acc)
         rn = pid_n * BN + tl.arange(0, BN)
         cd.store([pid_m * BM, pid_n * BN], (acc + tl.load(bias + rn, mask=rn < N)[None, :].to(tl.float32)).to(tl.float16))
+
 
 def graph_time(fn, reps: int = 20, iters: int = 10) -> float:
     """Median microseconds per launch of `fn`, from a CUDA graph of `reps` launches."""
