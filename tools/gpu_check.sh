@@ -54,6 +54,8 @@ for s in $steps; do
     models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) ;;
     gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;
     gemm_gelu) step gemm_gelu timeout 90 $py bench/gemm.py --gelu --shapes b32 ;;
+    gemm_tma) step gemm_tma timeout 150 env FUSEGRAPH_TMA=1 $py bench/gemm.py --shapes b32 --name gemm-tma ;;
+    gemm_schedules) step gemm_schedules timeout 150 $py bench/gemm_schedules.py --only ${SCHEDULES:-ptr,tma_p,tmah,tmah_p} ;;
     attention_bench) step attention_bench timeout 150 $py bench/attention.py ;;
     saved_load) step saved_load timeout 120 $py bench/saved_load.py ;;
     dynamic_batch) step dynamic_batch timeout 180 $py bench/dynamic_batch.py ;;
