@@ -23,7 +23,12 @@ that axis mapping to one output axis:
 
 Profit: a copy per part pays only where each copy joins its part's kernel; elsewhere it would
 multiply small kernels. So each part must be computed by an anchor's group (the nearest anchor
-above it, as `fuse_anchors.anchor_group` builds it) that does not hold the concat already. The
+above it, as `fuse_anchors.anchor_group` builds it) that does not hold the concat already, or
+be a constant (computed from literals alone), which concat elimination copies into the
+buffer with a kernel anyway: that kernel then computes the part's copies instead (a vision
+transformer's class token plus its position, next to the patch tokens' convolution, which
+adds theirs in its epilogue; the sum over all tokens is then never a pass of its own). At
+least one part must be an anchor's. The
 pass then grows the sunk region from the concat in program order, one computing op at a time
 (with the views between), rewrites the program with it on trial and asks fusion's own rule
 (`anchor_group`) whether every copy of every computing op in the region joins its part's
@@ -37,7 +42,7 @@ import math
 from typing import Sequence
 
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import Op, OpKind
+from fusegraph.ops.base import Op, OpKind, is_literal
 from fusegraph.ops.movement import Concat
 from fusegraph.ops.views import Reshape, Slice
 from fusegraph.passes.fuse_anchors import anchor_group
@@ -183,6 +188,22 @@ def part_anchor(module: Module, part: Instruction, pos: dict[int, int], groups: 
     return nearest if id(part) in groups[id(nearest)] else None
 
 
+def constant(part: Instruction) -> bool:
+    """Whether `part` is computed from literals alone (through views and pointwise ops)."""
+    stack, seen = [part], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if is_literal(x):
+            continue
+        if x.op.kind not in (OpKind.VIEW, OpKind.POINTWISE) or not x.inputs:
+            return False
+        stack.extend(x.inputs)
+    return True
+
+
 def computes_below(concat: Instruction, users: dict[Instruction, list[Instruction]]) -> bool:
     """Whether an op that computes (neither a view nor a concat) splits along `concat`'s parts
     below it, reached through views and concats that split (`split_axis`): nothing else is
@@ -230,13 +251,17 @@ class SinkConcat:
             return False
         if not computes_below(concat, users):
             return False
-        anchors: list[Instruction] = []
+        anchors: list[Instruction | None] = []  # None: a constant part
         groups: dict[int, set[int]] = {}
         for x in concat.inputs:
             a = part_anchor(module, x, pos, groups)
-            if a is None or id(concat) in groups[id(a)]:
-                return False  # a part no kernel computes, or the concat is already in a part's kernel
+            if a is None and not constant(x):
+                return False  # a part no kernel computes
+            if a is not None and id(concat) in groups[id(a)]:
+                return False  # the concat is already in a part's kernel
             anchors.append(a)
+        if all(a is None for a in anchors):
+            return False
         snapshot = _Snapshot(module)
         axis_of: dict[int, int] = {id(concat): axis}
         committed: list[Instruction] = []
@@ -265,14 +290,15 @@ class SinkConcat:
         return True
 
     @staticmethod
-    def _all_join(module: Module, anchors: list[Instruction], region: list[Instruction],
+    def _all_join(module: Module, anchors: list[Instruction | None], region: list[Instruction],
                   copies: dict[int, list[Instruction]]) -> bool:
-        """Whether every copy of each computing op of `region` is a member of its part's anchor's group."""
+        """Whether every copy of each computing op of `region` is a member of its part's anchor's
+        group (a constant part's copies make the kernel that fills its part)."""
         groups: dict[int, set[int]] = {}
         for a in anchors:
-            if id(a) not in groups:
+            if a is not None and id(a) not in groups:
                 groups[id(a)] = {id(m) for m in anchor_group(module, a)[1]}
-        return all(id(c) in groups[id(a)] for r in region if r.op.kind != OpKind.VIEW
+        return all(a is None or id(c) in groups[id(a)] for r in region if r.op.kind != OpKind.VIEW
                    for a, c in zip(anchors, copies[id(r)]))
 
 

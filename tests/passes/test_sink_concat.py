@@ -90,6 +90,44 @@ def test_a_concat_of_inputs_is_left_alone():
     assert str(p) == text
 
 
+def class_token_model(batch: int = 2):
+    """A vision transformer's token stem: a 2x2 patch conv over 4x4 images of 16 channels, its 4 patches as
+    tokens, a class token [1, 1, 8] expanded to the batch and concatenated in front, a position
+    table added to all 5 tokens, a layernorm over the embedding (the first block's)."""
+    from tests.gpu.test_gpu_kernels import node
+
+    nodes = [node("Conv", ["x", "w"], ["c"], kernel_shape=[2, 2], strides=[2, 2]), node("Add", ["c", "cb"], ["cc"]),
+             node("Reshape", ["cc", "flat"], ["f"]), node("Transpose", ["f"], ["t"], perm=[0, 2, 1]),
+             node("Expand", ["cls", "bshape"], ["ce"]), node("Concat", ["ce", "t"], ["tok"], axis=1),
+             node("Add", ["tok", "pos"], ["e"]),
+             node("LayerNormalization", ["e", "g", "b"], ["y"], axis=-1)]
+    return make_model(nodes, {"x": [batch, 16, 4, 4]}, ["y", "e"],
+                      {"w": rand(8, 16, 2, 2, seed=1), "cb": rand(1, 8, 1, 1, seed=2), "cls": rand(1, 1, 8, seed=3),
+                       "pos": rand(1, 5, 8, seed=4), "g": rand(8, seed=5), "b": rand(8, seed=6),
+                       "flat": np.array([batch, 8, 4], np.int64), "bshape": np.array([batch, 1, 8], np.int64)})
+
+
+def test_a_class_token_part_takes_its_position_in_its_own_copy_kernel():
+    """The patches' position add joins their conv's epilogue and the class token's makes the
+    kernel that fills its rows (concat elimination would copy them anyway), so the sum over all
+    tokens, read by the layernorm and returned, is never a pass of its own."""
+    before, after = parse_onnx(class_token_model()), parse_onnx(class_token_model())
+    api.fuse(after)
+    kernels = sorted(i.op.attrs["kernel"] for i in after.main if i.op.name == "fused")
+    assert kernels == ["add", "conv_add_reshape_transpose", "layernorm"], kernels
+    conv = next(i for i in after.main if i.op.name == "fused" and i.op.attrs["kernel"].startswith("conv"))
+    assert [x.op.name for x in conv.op.module].count("add") == 2  # its bias and the positions
+    assert not _ops(after, "concat")
+    assert_same_results(before, after, tolerance=1e-5)
+
+
+def test_the_class_token_stem_runs_on_the_gpu_target():
+    from tests.gpu.test_gpu_kernels import check_gpu
+
+    c = check_gpu(class_token_model(), tolerance=2e-5)
+    assert len(c.kernels) == 3
+
+
 def dfl_levels_model(levels: tuple[tuple[int, int], ...] = ((4, 4), (2, 2), (1, 1)), classes: int = 8):
     """YOLOv8's detection tail over several levels, as fusegraph reads it: per level a box conv
     (64 channels: 4 sides x 16 bins) and a class conv, each reshaped to [1, C, h*w] and
