@@ -12,6 +12,8 @@ of every input whose first dimension is 1 or symbolic, as MIGraphX's `--batch` t
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -38,7 +40,6 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    ranks = _ranks(model)
     for value in graph.input:
         if value.name in names:
             _set_first(value, batch)
@@ -49,20 +50,22 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
     dependent = _dependent(graph, set(names))
     _rebatch_reshapes(graph, dependent, batch, taken)
-    _broadcast_concat_inputs(graph, dependent, ranks, batch, taken)
+    _broadcast_concat_inputs(graph, dependent, lambda: _ranks(model), batch, taken)
     return out
 
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """The rank ONNX's shape inference finds for each value of the model it can."""
+    """The rank ONNX's shape inference finds for each value of the model it can, inferred on
+    the graph without its weights' data (a copy of BERT-base's weights alone takes seconds)."""
+    weights = [onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in model.graph.initializer]
+    graph = onnx.helper.make_graph(model.graph.node, "ranks", [*model.graph.input, *weights], model.graph.output)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
+        inferred = onnx.shape_inference.infer_shapes(
+            onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)).graph
     except Exception:  # noqa: BLE001 - a model the checker refuses: the importer reports its faults
-        inferred = model.graph
-    out = {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.value_info, *inferred.input, *inferred.output]
-           if v.type.tensor_type.HasField("shape")}
-    out.update({t.name: len(t.dims) for t in model.graph.initializer})
-    return out
+        inferred = graph
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.value_info, *inferred.input, *inferred.output]
+            if v.type.tensor_type.HasField("shape")}
 
 
 def _dependent(graph: onnx.GraphProto, batched: set[str]) -> set[str]:
@@ -108,16 +111,20 @@ def _rebatch_reshapes(graph: onnx.GraphProto, dependent: set[str], batch: int, t
         holder.input[slot] = name
 
 
-def _broadcast_concat_inputs(graph: onnx.GraphProto, dependent: set[str], ranks: dict[str, int],
+def _broadcast_concat_inputs(graph: onnx.GraphProto, dependent: set[str], ranks_of: Callable[[], dict[str, int]],
                              batch: int, taken: set[str]) -> None:
     """Broadcast to `batch` each input of a Concat (along another axis than the batch's) that
     does not come from the batched inputs but is concatenated with one that does: a class token
     joining its patch tokens. Its first dimension is the traced batch's 1, since the Concat
-    held at that batch."""
+    held at that batch. The ranks (`ranks_of`) are inferred only for a model that has such a Concat."""
+    mixed = [n for n in graph.node if n.op_type == "Concat" and {i in dependent for i in n.input} == {True, False}]
+    if not mixed:
+        return
+    ranks = ranks_of()
     nodes = list(graph.node)
     del graph.node[:]
     for node in nodes:
-        if node.op_type == "Concat" and any(i in dependent for i in node.input):
+        if any(node is n for n in mixed):
             rank = max((ranks.get(i, 0) for i in node.input), default=0)
             axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
             for k, name in enumerate(node.input):

@@ -25,13 +25,26 @@ from fusegraph.targets.gpu.bound_program import BoundProgram
 from fusegraph.targets.gpu.device_errors import kernel_failed, out_of_memory
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 from fusegraph.targets.gpu.memory_plan import Buffer, BufferKind, MemoryPlan
-from fusegraph.targets.gpu.templates.gemm_tma import ensure_allocator
 
 
 # Bytes every buffer a kernel reads starts on: Triton's launcher builds its kernels for
 # 16-byte aligned pointers, and a tensor descriptor (templates/gemm_tma.py) needs them. The
 # program's own buffers are aligned to 256; a caller's tensor that is not gets copied.
 INPUT_ALIGNMENT = 16
+
+
+def ensure_allocator(device: str) -> None:
+    """Give Triton an allocator for kernels' global scratch (tensor descriptors made in a kernel)
+    when none is set in this context (a context variable: each thread starts without): torch's,
+    on `device` and the launch's stream, so the scratch follows stream order as any torch
+    tensor does, and a CUDA graph keeps it in its own pool."""
+    import torch
+    import triton
+    from triton.runtime import _allocation
+
+    current = _allocation._allocator.get()
+    if isinstance(current, _allocation.NullAllocator):
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
 
 
 def use_interpreter_without_gpu() -> bool:

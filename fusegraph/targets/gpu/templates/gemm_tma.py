@@ -11,7 +11,7 @@ program alone (the batch index `gz`), all 16-byte aligned (every buffer is:
 
 The descriptor of each such operand is made in the kernel (`tl.make_tensor_descriptor`), which
 needs 128 bytes of global scratch per program and descriptor: Triton asks the allocator set
-by `triton.set_allocator` at each launch (`ensure_allocator`). It is made after a dependent
+by `triton.set_allocator` at each launch (`compiled_program.ensure_allocator`). It is made after a dependent
 launch's wait, since a kernel launched early may get the scratch its predecessor still uses.
 """
 
@@ -89,17 +89,3 @@ def tma_operand(addr: Expr, tile_vars: tuple[str, str], itemsize: int) -> TmaOpe
         return None
     return TmaOperand(Sum(const, base_terms) if base_terms else Const(const), outer, inner[0],
                       extent[outer], extent[inner[0]], stride)
-
-
-def ensure_allocator(device: str) -> None:
-    """Give Triton an allocator for kernels' global scratch (tensor descriptors made in a kernel)
-    when none is set in this context (a context variable: each thread starts without): torch's,
-    on `device` and the launch's stream, so the scratch follows stream order as any torch
-    tensor does, and a CUDA graph keeps it in its own pool."""
-    import triton
-    import torch
-    from triton.runtime import _allocation
-
-    current = _allocation._allocator.get()
-    if isinstance(current, _allocation.NullAllocator):
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
