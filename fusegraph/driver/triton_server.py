@@ -146,11 +146,9 @@ class TritonServer:
         raise TargetUnavailableError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        """Every model ready and the metrics endpoint answering: Triton opens its metrics port
+        after the HTTP one, so a health check alone may pass before metrics can be read."""
+        return _answers(f"{self.http_url}/v2/health/ready") and _answers(self.metrics_url)
 
     def log_tail(self, lines: int = 12) -> str:
         """What the log says went wrong: Triton's error lines (a model's traceback folded into
@@ -184,3 +182,12 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
