@@ -23,7 +23,9 @@ template, its spelling there):
 * `concatenates` (concat): its inputs lie end to end along its `axis`.
 * reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
   and finalize as target-neutral scalar ops; `in_epilogue` for a reduction that an anchor's
-  epilogue computes (over runs of its output channels, or over each sample's pixels);
+  epilogue computes (over runs of its output channels, or over each sample's pixels), and
+  `only_stored` for one whose programs each hold a part (a sum over pixels, rows' statistics
+  over column tiles), which the epilogue stores but cannot read;
   `elementwise_inputs` (layernorm's scale and bias: read at the op's own output index).
 """
 
@@ -116,6 +118,9 @@ class Op:
     algorithm: ClassVar[str] = ""  # how the reduction template computes it: fold, softmax, layernorm, arg
     reduction: ClassVar[Reduction | None] = None  # for algorithm "fold"
     in_epilogue: ClassVar[bool] = False  # a reduction computed inside an anchor's epilogue (segment_softmax, epilogue_sum)
+    # an epilogue reduction whose value exists only once every program has added its part (a
+    # sum over pixels, row statistics over column tiles): stored, never read inside the kernel
+    only_stored: ClassVar[bool] = False
     elementwise_inputs: ClassVar[tuple[int, ...]] = ()  # inputs read element by element at the output's index
     # its algebraic role, for rewrites that move constants or recognize masks without naming ops:
     # "sum", "product", "quotient" (a / b), "select" (cond ? a : b), "nan_test"; "" for the rest

@@ -11,6 +11,7 @@ from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
+from fusegraph.ir.dtypes import DType
 from fusegraph.ir.shape import Shape
 from fusegraph.ops.base import Op, OpKind, Reduction, is_float, register, require
 
@@ -263,6 +264,7 @@ class EpilogueSum(Op):
     kind = OpKind.REDUCE
     algorithm = "epilogue_sum"
     in_epilogue = True
+    only_stored = True
 
     def __init__(self, axes: Sequence[int], mean: bool) -> None:
         super().__init__(axes=tuple(sorted(int(a) for a in axes)), mean=bool(mean))
@@ -332,3 +334,73 @@ class RMSNorm(LayerNorm):
 
     name = "rmsnorm"
     center = False
+
+
+@register
+class RowRstd(Op):
+    """1 / sqrt(var + eps) of x over the axes from `axis` to the end, kept as length 1 (the
+    mean square without `center`, as an RMS norm takes it): a layernorm's statistics alone.
+
+    `passes/defer_norm.py` moves a layernorm past the products that read it, which then read
+    x as it is and scale their rows by this; its readers use it per row, so it is computed in
+    float32 (float64 for float64 data) whatever x's type, and converted where it is read.
+    """
+
+    name = "row_rstd"
+    kind = OpKind.REDUCE
+    family = "reduction"
+    algorithm = "row_rstd"
+
+    def __init__(self, axis: int, epsilon: float, center: bool = True) -> None:
+        super().__init__(axis=int(axis), epsilon=float(epsilon), center=bool(center))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return tuple(range(self.axis, rank))
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        require(len(inputs) == 1, f"row_rstd takes one input, got {len(inputs)}")
+        (x,) = inputs
+        require(0 <= self.axis < x.ndim, f"row_rstd axis {self.axis} out of range for rank {x.ndim}")
+        require(x.dtype.is_float, f"row_rstd needs a float input, got {x.dtype}")
+        out = DType.float64 if x.dtype == DType.float64 else DType.float32
+        return Shape.of(out, [n if d < self.axis else 1 for d, n in enumerate(x.lens)])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x = args[0].astype(np.float64)
+        axes = tuple(range(self.axis, x.ndim))
+        mean = x.mean(axis=axes, keepdims=True) if self.center else 0.0
+        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+        out = DType.float64 if args[0].dtype == np.float64 else DType.float32
+        return (1.0 / np.sqrt(var + self.epsilon)).astype(out.numpy)
+
+
+@register
+class EpilogueRowRstd(Op):
+    """`row_rstd` over `axis`, repeated along it: a matrix product's epilogue taking the
+    statistics of the rows it writes (`passes/reduction_epilogue.py`), in the anchor's index
+    space, `axis` its output channels. Only stored: each program holds a tile of a row's
+    columns, so the value exists once every column tile has added its part
+    (`templates/gemm_reduce.py`)."""
+
+    name = "epilogue_row_rstd"
+    kind = OpKind.REDUCE
+    algorithm = "epilogue_row_rstd"
+    in_epilogue = True
+    only_stored = True
+
+    def __init__(self, axis: int, epsilon: float, center: bool = True) -> None:
+        super().__init__(axis=int(axis), epsilon=float(epsilon), center=bool(center))
+
+    def reduced_axes(self, rank: int) -> tuple[int, ...]:
+        return (self.axis,)
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        (x,) = inputs
+        require(0 <= self.axis < x.ndim, f"epilogue_row_rstd axis {self.axis} out of range for rank {x.ndim}")
+        require(x.dtype.is_float, f"epilogue_row_rstd needs a float input, got {x.dtype}")
+        return Shape.of(DType.float64 if x.dtype == DType.float64 else DType.float32, x.lens)
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        moved = np.moveaxis(args[0], self.axis, -1)
+        rstd = RowRstd(moved.ndim - 1, self.epsilon, self.center).reference([moved])
+        return np.moveaxis(np.broadcast_to(rstd, moved.shape), -1, self.axis)

@@ -31,7 +31,7 @@ from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place, reads_its_stores
 from fusegraph.passes.prologue_rule import PrologueRule
-from fusegraph.passes.reduction_epilogue import pixel_reduction, segment_fold, segment_layernorm, segment_softmax
+from fusegraph.passes.reduction_epilogue import pixel_reduction, row_statistics, segment_fold, segment_layernorm, segment_softmax
 from fusegraph.passes.rewrite import rewrite_each
 from fusegraph.passes.weighted_sum_epilogue import segment_weighted_sum
 
@@ -79,8 +79,8 @@ class _Epilogue:
             return self._pointwise(ins, src)
         if op.kind == OpKind.REDUCE and src[0] is not None:
             rules = [segment_softmax, segment_fold, segment_layernorm]
-            if not any(self._only_stored(m) for m in self.members):  # one sum over the pixels per kernel
-                rules.append(pixel_reduction)
+            if not any(self._only_stored(m) for m in self.members):  # one reduction across programs per kernel
+                rules += [pixel_reduction, row_statistics]
             return next((got for rule in rules if (got := rule(self.anchor, ins, src[0], self.b)) is not None), None)
         if op.kind == OpKind.ANCHOR and src[0] is not None and not any(self.depends_on_group(x) for x in ins.inputs[1:]):
             return segment_weighted_sum(self.anchor, ins, src[0], self.b)
@@ -95,9 +95,9 @@ class _Epilogue:
         return None
 
     def _only_stored(self, x: Instruction) -> bool:
-        """Whether member `x` is a sum over the anchor's pixels, which no element of the
-        epilogue can read (its programs hold parts of the pixels)."""
-        return any(p.value.op.algorithm == "epilogue_sum" for p in self.pieces.get(id(x), []))
+        """Whether member `x` is a sum over the anchor's pixels or its rows' statistics, which no
+        element of the epilogue can read (each program holds a part of what they reduce)."""
+        return any(p.value.op.only_stored for p in self.pieces.get(id(x), []))
 
     def _slice(self, ins: Instruction, cut: tuple[tuple[int, int, int], ...], pieces: list[Piece]) -> list[Piece] | None:
         out = []
@@ -167,9 +167,12 @@ class _Epilogue:
         changed = True
         while changed:
             group = [m for m in self.members if id(m) in kept]
-            stored = [m for m in group if read_outside(m)]
+            # values written element by element: a reduction across programs (the statistics
+            # of a view's rows) rearranges nothing, and the view may be stored beside it
+            stored = [m for m in group if read_outside(m) and not self._only_stored(m)]
+            latest = next(m for m in reversed(group) if not self._only_stored(m))
             cut = [m for m in stored if m.op.kind in (OpKind.VIEW, OpKind.MOVE) and m is not self.anchor
-                   and (m is not group[-1] or len(stored) > 1)]
+                   and (m is not latest or len(stored) > 1)]
             changed = bool(cut)
             for m in cut:
                 kept -= self._descendants(m)

@@ -18,6 +18,7 @@ from fusegraph.passes.compact_literals import CompactLiterals
 from fusegraph.passes.constant_propagation import ConstantPropagation
 from fusegraph.passes.cse import CommonSubexpressions
 from fusegraph.passes.dead_code import DeadCodeElimination
+from fusegraph.passes.defer_norm import DeferNorm
 from fusegraph.passes.eliminate_concat import EliminateConcat
 from fusegraph.passes.eliminate_identity import EliminateIdentity
 from fusegraph.passes.fold_into_weights import FoldIntoWeights
@@ -35,7 +36,7 @@ from fusegraph.passes.space_to_depth import SpaceToDepth
 
 def canonicalize_passes() -> list[Pass]:
     return [DeadCodeElimination(), ConstantPropagation(), EliminateIdentity(), CommonSubexpressions(), SimplifyViews(),
-            FoldIntoWeights(), FoldNormAffine(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
+            FoldIntoWeights(), FoldNormAffine(), DeferNorm(), PadChannelGroups(), SpaceToDepth(), ConstantPropagation(), CompactLiterals(), EliminateIdentity(), DeadCodeElimination()]
 
 
 def fusion_passes() -> list[Pass]:

@@ -22,7 +22,8 @@ own that writes a tensor the anchor then reads back. The rule, per producer P of
   the weights by `fold_norm_affine`, or of three: x and gamma, beta broadcast to it), read by
   this product along that axis (its K) with each row whole, the product having at most
   `NORM_PROLOGUE_MAX_ROWS` rows or the rows at most `NORM_PROLOGUE_ANY_ROWS_K` elements (else the
-  norm's own kernel measured cheaper): the kernel computes the row
+  norm's own kernel measured cheaper, and `defer_norm` moves the norm past the products where it
+  can, leaving its statistics): the kernel computes the row
   statistics and normalizes, the affine applied (`templates/gemm_prologue.py`: in the k loop
   and after the product, or in a loop of their own before it). When every other reader is a
   product reading its rows the same way, each computes it and nothing stores it. Otherwise (a residual add reads it,
@@ -211,7 +212,7 @@ class PrologueRule:
             return False
         if not keeps_last_axis(at, ln.shape.lens[-1]):
             return False
-        if ln.shape.lens[-1] > NORM_PROLOGUE_ANY_ROWS_K and product_rows(self.anchor) > NORM_PROLOGUE_MAX_ROWS:
+        if not norm_fits_product(ln, self.anchor):
             return False
         readers, returned = self._readers(ln)
         if not returned and all(id(u) in self.inside or reads_rows(u, ln) for u in readers):
@@ -222,6 +223,12 @@ class PrologueRule:
             return False
         self.stored.append(ln)
         return True
+
+
+def norm_fits_product(ln: Instruction, anchor: Instruction) -> bool:
+    """Whether a product computing `ln`'s statistics in its own tiles measured no slower than
+    the norm's own kernel: short rows, or few of them (`NORM_PROLOGUE_MAX_ROWS`)."""
+    return ln.shape.lens[-1] <= NORM_PROLOGUE_ANY_ROWS_K or product_rows(anchor) <= NORM_PROLOGUE_MAX_ROWS
 
 
 def product_rows(anchor: Instruction) -> int:

@@ -30,7 +30,7 @@ def conv_pool_concat():
 def test_the_pipeline_is_canonicalization_then_fusion():
     assert [p.name for p in canonicalize_passes()] == [
         "dead_code_elimination", "constant_propagation", "eliminate_identity", "common_subexpressions", "simplify_views",
-        "fold_into_weights", "fold_norm_affine",
+        "fold_into_weights", "fold_norm_affine", "defer_norm",
         "pad_channel_groups", "space_to_depth", "constant_propagation", "compact_literals", "eliminate_identity",
         "dead_code_elimination"]
     assert [p.name for p in fusion_passes()] == [

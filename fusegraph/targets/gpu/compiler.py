@@ -23,7 +23,6 @@ from fusegraph.ir.shape import Shape
 from fusegraph.ops.base import is_fused
 from fusegraph.targets.gpu.memory_plan import Buffer, MemoryPlan, stored_buffer_input
 from fusegraph.targets.gpu.templates.gemm_emit import workspace_elements
-from fusegraph.targets.gpu.templates.gemm_reduce import pixel_sum_workspace
 from fusegraph.targets.gpu.parallel_compile import ParallelBuild
 from fusegraph.targets.gpu.returned_views import copy_returned_views
 
@@ -113,8 +112,8 @@ def _plan_scratch(plan: MemoryPlan, sources: list[KernelSource]) -> None:
     need = [workspace_elements(src, c) for src in sources for c in src.configs]
     plan.add_scratch("ws", Shape.of(DType.float32, [max([1] + [n for n, _ in need])]))
     plan.add_scratch("cnt", Shape.of(DType.int32, [max([1] + [t for _, t in need])]))
-    sums = [pixel_sum_workspace(src, c) for src in sources if src.pixel_sums for c in src.configs]
-    if sums:  # the parts and counters of sums over pixels (templates/gemm_reduce.py)
+    sums = [src.parts.workspace(src, c) for src in sources if src.parts for c in src.configs]
+    if sums:  # the parts and counters of reductions across programs (templates/gemm_reduce.py)
         plan.add_scratch("part", Shape.of(DType.float32, [max(n for n, _ in sums)]))
         plan.add_scratch("pcnt", Shape.of(DType.int32, [max(t for _, t in sums)]))
 

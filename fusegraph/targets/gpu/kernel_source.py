@@ -48,7 +48,9 @@ class KernelSource:
     flops: int = 0
     interpret: bool = False
     default_tune: int = 0  # candidates the default tune times; 0: DEFAULT_TUNE_CONFIGS
-    pixel_sums: Any = None  # a GEMM's sums over its pixels (templates/gemm_reduce.PixelSums), for their scratch
+    # a reduction across programs in the epilogue (templates/gemm_reduce.py: PixelSums, sums over
+    # pixels; RowParts, rows' statistics over column tiles): `.workspace(src, config)` sizes its scratch
+    parts: Any = None
     dependent_launch: bool = False  # launched with programmatic dependent launch (`with_dependent_launch`)
     # body lines a kernel may run before its predecessor has finished, under dependent launch:
     # L2 prefetches of the weights it reads (`templates/gemm_prefetch.py`)

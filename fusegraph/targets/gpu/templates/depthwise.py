@@ -194,4 +194,4 @@ def depthwise_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     configs = depthwise_configs(spec.pixels, spec.channels)
     return KernelSource(name, kernel, "depthwise", body, args, configs,
                         [(spec.pixels, "BP", None), (spec.channels, "BC", None)],
-                        flops=2 * spec.pixels * spec.channels * spec.taps, pixel_sums=emitter.pixel_sums)
+                        flops=2 * spec.pixels * spec.channels * spec.taps, parts=emitter.pixel_sums)

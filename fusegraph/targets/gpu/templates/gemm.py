@@ -30,15 +30,16 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     tile = max(16, 1 << (period - 1).bit_length()) if period else 0
     emitter = GemmEmitter(module, inputs, anchor, spec, kernel, allow_tf32, interpret)
     pieces = emitter.body(period, tile)
-    args = emitter.arg_list() + ["ws", "cnt"] + (["part", "pcnt"] if emitter.pixel_sums else [])
+    parts = emitter.pixel_sums or emitter.row_parts
+    args = emitter.arg_list() + ["ws", "cnt"] + (["part", "pcnt"] if parts else [])
     constexprs = ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else [])
     body = signature(name, args, constexprs) + "\n" + "\n".join(emitter.lines) + "\n"
     configs, default_tune = gemm_configs(spec, anchor.inputs[0].shape.dtype, tile, pieces)
-    if emitter.pixel_sums:  # the last row tile must hold its whole sums: no split-k
+    if parts:  # the last program of a rendezvous must hold whole sums: no split-k
         configs = [c for c in configs if c["SPLIT"] == 1]
     n_grid: tuple[int, str | None, str | None] = (spec.n // period, None, None) if period else (spec.n, "BN", None)
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(spec.m, "BM", None), n_grid, (spec.batch, None, "SPLIT")],
                         flops=spec.flops, default_tune=default_tune,
-                        pixel_sums=emitter.pixel_sums, before_wait=weight_prefetch(emitter.w, spec, emitter.b_in, period),
+                        parts=parts, before_wait=weight_prefetch(emitter.w, spec, emitter.b_in, period),
                         tensor_descriptors=bool(emitter.tma))

@@ -19,7 +19,8 @@ from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
 from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, columns_vanish, computed_from, deferrable, emit_row_stores,
                                                              prologue_norms, row_stores, selected_loads)
-from fusegraph.targets.gpu.templates.gemm_reduce import SEGMENT_EMITTERS, PixelSums, emit_pixel_sums, pixel_sum_returns
+from fusegraph.targets.gpu.templates.gemm_reduce import (SEGMENT_EMITTERS, PixelSums, RowParts, emit_pixel_sums, emit_row_rstd,
+                                                         pixel_sum_returns, row_rstd_returns)
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 from fusegraph.targets.gpu.templates.gemm_tma import TmaOperand, tma_operand, tma_wanted
 
@@ -90,6 +91,8 @@ class GemmEmitter:
         self.sum_codes: dict[int, str] = {}  # the tile a pixel sum is stored on -> its code
         self.sums = pixel_sum_returns(module)
         self.pixel_sums = pixel_sums_of(anchor, spec, self.sums) if self.sums else None
+        self.row_rstds = row_rstd_returns(module)
+        self.row_parts = RowParts(spec.n) if self.row_rstds else None
         self.a_in, self.b_in = anchor.inputs
         a_loads = selected_loads(self.a_in)
         self.a_plain = a_loads is not None  # A computes nothing: its loads are zero wherever masked
@@ -121,7 +124,7 @@ class GemmEmitter:
         if emit is not None:
             return emit(self.w, ins, tile, index, mask, self.width_of[id(tile)])
         if id(tile) not in self.sum_codes:
-            raise CodegenError(f"the epilogue of {self.kernel} reads a sum over its pixels, which it only stores")
+            raise CodegenError(f"the epilogue of {self.kernel} reads a reduction across its programs, which it only stores")
         return self.sum_codes[id(tile)]
 
     def _acc_value(self, tile: Tile, index: Index) -> str:
@@ -298,10 +301,12 @@ class GemmEmitter:
             self.acc_of[id(te)] = b.acc
             self.width_of[id(te)] = b.width
             for ret in self.module.returns:  # the group's value, then its further outputs
-                if ret not in self.sums and ret not in self.row_stores:
+                if ret not in self.sums and ret not in self.row_stores and ret not in self.row_rstds:
                     self.w.store(ret, te, self.spec.out_index, ("last",))
             for ret in self.sums:
                 emit_pixel_sums(self.w, ret, te, self.spec.out_index, self.pixel_sums, self.sum_codes)
+            for ret in self.row_rstds:
+                emit_row_rstd(self.w, ret, te, self.spec.out_index, self.spec.m, self.spec.n, self.sum_codes)
 
 
 def split_k_fixup(w: KernelWriter) -> None:

@@ -1,7 +1,8 @@
 """Reductions inside a GEMM epilogue: across a tile's columns (`segment_softmax`,
-`segment_reduce`, `segment_layernorm`) and over each
+`segment_reduce`, `segment_layernorm`), over each
 sample's pixels of a convolution or of a product over rows of pixels (`epilogue_sum`, the
-squeeze of an SE block, a global mean after a last linear layer).
+squeeze of an SE block, a global mean after a last linear layer), and a row's statistics
+over all its column tiles (`epilogue_row_rstd`, for the deferred layernorm of the next product).
 
 The pass (`passes/reduction_epilogue.py`) lets a softmax join a product's epilogue when each
 of its runs is an aligned run of L output channels; the template then makes the N tile one run
@@ -129,22 +130,18 @@ class PixelSums:
     def slots(self, bm: str | int) -> str:
         return f"(({bm} - 1) // {self.pixels} + 2)"
 
+    def workspace(self, src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
+        """The parts (float32 elements) and counters the sums need under `config`."""
+        columns = 1
+        for extent, block, _ in src.grid_dims[1:]:
+            columns *= cdiv(extent, config[block]) if block else extent
+        bm = config[self.names.row_block]
+        return cdiv(self.rows, bm) * ((bm - 1) // self.pixels + 2) * self.channels, columns
+
 
 def pixel_sum_returns(module: Module) -> list[Instruction]:
     """The group's stored values that are sums over the pixels (stored by `emit_pixel_sums`)."""
     return [r for r in module.returns if is_store(r) and r.inputs[1].op.algorithm == "epilogue_sum"]
-
-
-def pixel_sum_workspace(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
-    """The parts (float32 elements) and counters a kernel's pixel sums need under `config`."""
-    p = src.pixel_sums
-    if p is None:
-        return 0, 0
-    columns = 1
-    for extent, block, _ in src.grid_dims[1:]:
-        columns *= cdiv(extent, config[block]) if block else extent
-    bm = config[p.names.row_block]
-    return cdiv(p.rows, bm) * ((bm - 1) // p.pixels + 2) * p.channels, columns
 
 
 def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Index, sums: PixelSums,
@@ -179,3 +176,65 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
             first_row = {t.row: var("sn", samples) * p}
             w.store(ret, tm, tuple(substitute(e, first_row, check=False) for e in out_index))
         w.emit("tl.atomic_xchg(pcnt + col, 0)")
+
+
+@dataclass(frozen=True)
+class RowParts:
+    """The shape of a product kernel's row statistics (`epilogue_row_rstd`): `n` output
+    channels, the whole of each row, in column tiles of BN over a grid of (row blocks, column
+    blocks, batch)."""
+
+    n: int
+
+    def workspace(self, src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
+        """Each program's mean and squared deviations per row (2 x BM float32), one counter
+        per row block."""
+        (m, _, _), (n, _, _), (batch, _, _) = src.grid_dims
+        row_blocks = cdiv(m, config["BM"]) * batch
+        return row_blocks * cdiv(n, config["BN"]) * 2 * config["BM"], row_blocks
+
+
+def row_rstd_returns(module: Module) -> list[Instruction]:
+    """The group's stored values that are its rows' statistics (stored by `emit_row_rstd`)."""
+    return [r for r in module.returns if is_store(r) and r.inputs[1].op.algorithm == "epilogue_row_rstd"]
+
+
+def emit_row_rstd(w: KernelWriter, ret: Instruction, te: Tile, out_index: Index, m: int, n: int,
+                  codes: dict[int, str]) -> None:
+    """Each program stores its tile's per-row mean and squared deviations (an exact two-pass
+    over the tile's columns) into its own slots of `part`; the last column block of a row block
+    to arrive (a counter per row block, `pcnt`) combines the parts in column order by Chan's
+    rule, stores 1 / sqrt(var + eps) through `ret`'s map and clears the counter. As with the
+    pixel sums, no float atomics: the same bits every run. `codes` receives the result's code
+    for the tile the store reads it on."""
+    op = ret.inputs[1].op
+    x = w.value(ret.inputs[1].inputs[0], te, out_index)
+    valid = te.conjunction(te.mask_for(te.dims))
+    v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [BM, BN]), 0.0)")
+    w.emit(f"rs_count = tl.minimum({n} - pid_n * BN, BN) * 1.0")
+    mean = w.let(f"tl.sum({v}, 1) / rs_count")
+    dev = w.let(f"tl.where({valid}, {v} - {mean}[:, None], 0.0)")
+    w.emit("rs_block = gz * tl.num_programs(0) + pid_m")
+    w.emit("rs_slot = (rs_block * tl.num_programs(1) + pid_n) * (2 * BM) + tl.arange(0, BM)")
+    w.emit(f"tl.store(part + rs_slot, {mean})")
+    w.emit(f"tl.store(part + rs_slot + BM, tl.sum({dev} * {dev}, 1))")
+    w.emit("tl.debug_barrier()")  # every thread's parts are out before the count says so
+    w.emit('rs_seen = tl.atomic_add(pcnt + rs_block, 1, sem="acq_rel")')
+    with w.block("if rs_seen == tl.num_programs(1) - 1:"):
+        w.emit("rs_mean = tl.zeros([BM], dtype=tl.float32)")
+        w.emit("rs_m2 = tl.zeros([BM], dtype=tl.float32)")
+        with w.block("for rs_t in range(tl.num_programs(1)):"):
+            w.emit(f"rs_n = tl.minimum({n} - rs_t * BN, BN) * 1.0")
+            w.emit("rs_before = rs_t * BN * 1.0")
+            w.emit("rs_at = (rs_block * tl.num_programs(1) + rs_t) * (2 * BM) + tl.arange(0, BM)")
+            # past L1: the parts were stored by other programs, maybe on other SMs
+            w.emit('rs_pm = tl.load(part + rs_at, cache_modifier=".cg")')
+            w.emit('rs_pq = tl.load(part + rs_at + BM, cache_modifier=".cg")')
+            w.emit("rs_delta = rs_pm - rs_mean")
+            w.emit("rs_mean = rs_mean + rs_delta * (rs_n / (rs_before + rs_n))")
+            w.emit("rs_m2 = rs_m2 + rs_pq + rs_delta * rs_delta * (rs_before * rs_n / (rs_before + rs_n))")
+        square = "" if op.attrs["center"] else " + rs_mean * rs_mean"  # an RMS norm's mean square
+        rows = Tile({"rm": "rm", "gz": "gz", "nq": "pid_n"}, {"rm": f"(rm < {m})"})
+        codes[id(rows)] = w.let(f"1.0 / tl.sqrt(rs_m2 / {n}.0{square} + {op.attrs['epsilon']})")
+        w.store(ret, rows, out_index)
+        w.emit("tl.atomic_xchg(pcnt + rs_block, 0)")

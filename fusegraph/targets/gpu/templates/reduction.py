@@ -158,12 +158,24 @@ def _softmax(r: Rows) -> None:
         r.store(tile, r.full_index)
 
 
+def _statistics(r: Rows) -> tuple[str, str]:
+    """Each row's mean (zero without `center`) and 1 / sqrt(var + eps): two passes, the second
+    over the deviations from the first's mean, so no `E[x^2] - E[x]^2` cancellation."""
+    w, n = r.w, f"{r.length}.0"
+    mean = w.let(binary_rhs("div", r.fold("add", "0.0"), n)) if r.anchor.op.center else w.let(f"tl.zeros([BO], dtype={r.acc_t})")
+    squares = r.fold("add", "0.0", lambda v: f"({v} - {mean}[:, None]) * ({v} - {mean}[:, None])")
+    return mean, w.let(f"1.0 / tl.sqrt({squares} / {n} + {r.anchor.op.attrs['epsilon']})")
+
+
+@algorithm("row_rstd")
+def _row_rstd(r: Rows) -> None:
+    r.out = _statistics(r)[1]
+
+
 @algorithm("layernorm", full_output=True)
 def _layernorm(r: Rows) -> None:
-    w, n = r.w, f"{r.length}.0"
-    mean = w.let(binary_rhs("div", r.fold("add", "0.0"), n)) if r.anchor.op.center else w.let(f"tl.zeros([BO], dtype=tl.float32)")
-    squares = r.fold("add", "0.0", lambda v: f"({v} - {mean}[:, None]) * ({v} - {mean}[:, None])")
-    rstd = w.let(f"1.0 / tl.sqrt({squares} / {n} + {r.anchor.op.attrs['epsilon']})")
+    w = r.w
+    mean, rstd = _statistics(r)
     with r.chunk() as (tile, _):
         v = r.load_x(tile)
         affine = ""

@@ -1,0 +1,58 @@
+"""A deferred layernorm (passes/defer_norm.py) under Triton's interpreter (or on a GPU): the
+`row_rstd` reduction kernel and the product that reads x raw and scales its rows in the
+epilogue, on NaN-poisoned buffers against the NumPy reference target, fp32 and fp16."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusegraph import api, parse_onnx
+from tests.gpu.test_gpu_kernels import TOL, check_gpu
+from tests.helpers import rel_err
+from tests.passes.test_defer_norm import K, ROWS, _norm_then_products, _shifted_rows, residual_block
+
+FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
+
+
+@pytest.mark.parametrize("norm", ["LayerNormalization", "RMSNormalization"])
+@pytest.mark.parametrize("fp16", [False, True])
+def test_row_statistics_then_a_product_of_the_raw_rows(norm, fp16):
+    compiled = check_gpu(_norm_then_products(norm), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert [k.src.template for k in compiled.kernels] == ["reduction", "gemm"]
+    assert "row_rstd" in compiled.kernels[0].src.name
+
+
+def test_rows_far_from_zero():
+    """A mean of 300 and a spread of 1 summed raw in float32 by the product."""
+    compiled = check_gpu(_shifted_rows(["y", "xs"]), tolerance=1e-4)
+    assert sorted(k.src.template for k in compiled.kernels) == ["flat", "gemm", "reduction"]
+
+
+@pytest.mark.parametrize("reshaped", [False, True])
+@pytest.mark.parametrize("fp16", [False, True])
+def test_row_statistics_in_the_epilogue_of_the_product_writing_the_rows(fp16, reshaped):
+    """Two products: the first stores its rows and their statistics (each column tile's parts
+    combined by the last to arrive), the second reads the rows raw and scales them."""
+    compiled = check_gpu(residual_block(reshaped=reshaped), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert [k.src.template for k in compiled.kernels] == ["gemm", "gemm"]
+    assert compiled.kernels[0].src.parts is not None and "pcnt" in compiled.kernels[0].src.args
+
+
+def test_row_statistics_under_every_default_config():
+    """Column tiles of 16 to 128 over 208 columns (a last tile part empty), row tiles past the
+    rows' end, on fresh inputs against the reference; counters left at zero for the next run."""
+    program = parse_onnx(residual_block())
+    compiled = api.compile(program, "gpu", tune=False)
+    first = compiled.kernels[0].src
+    assert all(c["SPLIT"] == 1 for c in first.configs)
+    widths = sorted({c["BN"] for c in first.configs})
+    assert len(widths) > 1, widths
+    rng = np.random.default_rng()
+    for bn in widths:
+        compiled.kernels[0].config = next(c for c in first.configs if c["BN"] == bn)
+        for _ in range(2):  # a second run finds the counters cleared
+            x = rng.standard_normal((1, ROWS, K)).astype(np.float32)
+            compiled.poison()
+            got = compiled.run({"x": x})["y"]
+            assert not np.isnan(got).any() and rel_err(got, api.run(program, {"x": x})["y"]) < TOL, bn

@@ -1,0 +1,184 @@
+"""passes/defer_norm.py: a layernorm (or RMS norm) that would keep its own kernel in front of the
+products reading it becomes a `row_rstd` kernel (one value per row) and products that read x
+itself and scale their rows by it. Structure before and after on small programs, and equal
+results on the ref target, fused against unfused, on fresh random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from fusegraph import parse_onnx
+from fusegraph.api import run as ref_run
+from fusegraph.ir.dtypes import DType
+from fusegraph.ir.program import Program
+from fusegraph.ir.shape import Shape
+from fusegraph.ops.reduce import LayerNorm, RowRstd
+from fusegraph.ops.source import add_param
+from fusegraph.passes.defer_norm import DeferNorm
+from fusegraph.passes.pipeline import fuse
+from fusegraph.passes.prologue_rule import NORM_PROLOGUE_ANY_ROWS_K, NORM_PROLOGUE_MAX_ROWS
+from tests.helpers import assert_same_results, make_model, op_names, rand, rel_err
+
+ROWS, K = NORM_PROLOGUE_MAX_ROWS + 44, NORM_PROLOGUE_ANY_ROWS_K + 16  # past what a product normalizes itself
+TOLERANCE = 1e-5  # the rows summed raw, then scaled: float32 rounding of a different order
+
+
+def node(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, **attrs)
+
+
+def _norm_then_products(norm: str = "LayerNormalization", rows: int = ROWS, k: int = K, extra: list | None = None,
+                        outputs: tuple[str, ...] = ("y", "z")):
+    """x -> norm -> (MatMul + bias, MatMul): two products reading one norm."""
+    attrs = {"axis": -1, "epsilon": 1e-5}
+    inputs = ["x", "g", "b"] if norm == "LayerNormalization" else ["x", "g"]
+    nodes = [node(norm, inputs, ["t"], **attrs), node("MatMul", ["t", "w"], ["m"]), node("Add", ["m", "c"], ["y"]),
+             node("MatMul", ["t", "v"], ["z"])] + (extra or [])
+    literals = {"g": 1 + 0.1 * rand(k, seed=1), "b": rand(k, seed=2), "w": rand(k, 24, seed=3, scale=0.2),
+                "c": rand(24, seed=4), "v": rand(k, 8, seed=5, scale=0.2)}
+    if norm != "LayerNormalization":
+        del literals["b"]
+    return make_model(nodes, {"x": [1, rows, k]}, list(outputs), literals, opset=23 if norm != "LayerNormalization" else 17)
+
+
+def _kernels(p: Program) -> list[str]:
+    return [i.op.attrs["kernel"] for i in p.main if i.op.name == "fused"]
+
+
+def test_a_norm_with_many_long_rows_becomes_row_statistics_and_scaled_products():
+    model = _norm_then_products()
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    assert sorted(_kernels(after)) == ["dot_slice_mul_add", "row_rstd"]  # the two products merged
+    (product,) = [i for i in after.main if i.op.name == "fused" and i.op.attrs["kernel"].startswith("dot")]
+    assert product.inputs[0].op.name == "@param"  # x itself, not a normalized tensor
+    assert "layernorm" not in op_names(product.op.module) and op_names(product.op.module).count("mul") == 2
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_the_pass_alone_rewrites_the_norm_and_leaves_short_or_few_rows_to_the_product():
+    """Before fusion: the layernorm is gone, one row_rstd serves both products. With rows the
+    product normalizes itself (few of them, or short), the pass leaves the norm alone."""
+    from fusegraph.passes.pipeline import canonicalize_passes
+    from fusegraph.passes.manager import run_passes
+
+    p = parse_onnx(_norm_then_products())
+    run_passes(p, canonicalize_passes())
+    names = op_names(p.main)
+    assert "layernorm" not in names and names.count("row_rstd") == 1 and names.count("dot") == 2
+    for rows, k in [(NORM_PROLOGUE_MAX_ROWS, K), (ROWS, NORM_PROLOGUE_ANY_ROWS_K)]:
+        p = parse_onnx(_norm_then_products(rows=rows, k=k))
+        run_passes(p, canonicalize_passes())
+        assert "row_rstd" not in op_names(p.main) and "layernorm" in op_names(p.main)
+
+
+def test_rms_norm_is_deferred_without_centered_weights():
+    model = _norm_then_products("RMSNormalization")
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    assert sorted(_kernels(after)) == ["dot_slice_mul_add", "row_rstd"]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_norm_another_kind_of_op_reads_keeps_its_kernel():
+    """A relu of the norm needs the normalized values themselves: nothing is deferred."""
+    model = _norm_then_products(extra=[node("Relu", ["t"], ["r"])], outputs=("y", "z", "r"))
+    after = parse_onnx(model)
+    fuse(after)
+    assert "row_rstd" not in op_names(after.main)
+    assert any(k.startswith("layernorm") for k in _kernels(after))
+
+
+def test_rows_far_from_zero_keep_their_accuracy():
+    """A mean of 300 and a spread of 1: the products sum raw rows whose centered sums vanish;
+    float32 carries the cancelling terms (against float64, the error stays near float32's)."""
+    model = _shifted_rows(["y", "xs"])  # xs returned too: stored anyway
+    after = parse_onnx(model)
+    fuse(after)
+    assert sorted(_kernels(after)) == ["add", "add_row_rstd", "dot_mul_add"]  # the statistics recompute the add
+    x = np.random.default_rng().standard_normal((1, ROWS, K)).astype(np.float32)
+    want = parse_onnx(model)
+    got = ref_run(after, {"x": x})["y"]
+    exact = _float64_reference(x + 300.0, model)
+    assert rel_err(got, exact) < 1e-4
+    assert rel_err(ref_run(want, {"x": x})["y"], exact) < 1e-4
+
+
+def _shifted_rows(outputs: list[str]):
+    return make_model([node("Add", ["x", "shift"], ["xs"]), node("LayerNormalization", ["xs", "g", "b"], ["t"], axis=-1),
+                       node("MatMul", ["t", "w"], ["y"])], {"x": [1, ROWS, K]}, outputs,
+                      {"shift": np.full(K, 300.0, np.float32), "g": 1 + 0.1 * rand(K, seed=1), "b": rand(K, seed=2),
+                       "w": rand(K, 16, seed=3, scale=0.2)})
+
+
+def test_a_pointwise_input_only_the_norm_reads_keeps_the_norm():
+    """x + shift read by the norm alone is computed inside the norm's kernel; deferred, it would
+    need a kernel of its own for the product to read: the norm stays."""
+    after = parse_onnx(_shifted_rows(["y"]))
+    fuse(after)
+    assert sorted(_kernels(after)) == ["add_layernorm", "dot_add"]
+
+
+def _float64_reference(xs: np.ndarray, model) -> np.ndarray:
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    x = xs.astype(np.float64)
+    t = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    return (t * inits["g"] + inits["b"]) @ inits["w"].astype(np.float64)
+
+
+def test_row_rstd_reference_and_shape():
+    """The op alone: float32 statistics of a float16 input, two-pass variance."""
+    p = Program()
+    x = add_param(p.main, "x", Shape.of(DType.float16, [3, 5, 40]))
+    r = p.main.add(RowRstd(2, 1e-5), [x])
+    assert r.shape.lens == (3, 5, 1) and r.shape.dtype == DType.float32
+    p.main.set_returns([r], ["r"])
+    value = (np.random.default_rng().standard_normal((3, 5, 40)) * 3 + 7).astype(np.float16)
+    got = ref_run(p, {"x": value})["r"]
+    wide = value.astype(np.float64)
+    assert rel_err(got, 1 / np.sqrt(wide.var(-1, keepdims=True) + 1e-5)) < 1e-6
+    rms = RowRstd(2, 1e-5, center=False).reference([value])
+    assert rel_err(rms, 1 / np.sqrt((wide * wide).mean(-1, keepdims=True) + 1e-5)) < 1e-6
+
+
+def test_deferring_is_a_no_op_on_a_norm_it_does_not_take():
+    p = Program()
+    x = add_param(p.main, "x", Shape.of(DType.float32, [ROWS, K]))
+    p.main.set_returns([p.main.add(LayerNorm(1, 1e-5), [x])], ["y"])  # returned: nothing reads it as A
+    assert not DeferNorm().apply(p.main)
+
+
+def residual_block(rows: int = ROWS, k: int = K, reshaped: bool = False):
+    """h = x W1 + c + x (a product with its residual, h read twice), then layernorm(h) W2 + h:
+    a pre-norm transformer's sub-block boundary. `reshaped`: h is the sum's rows reshaped to
+    [rows, k] (a view as the stored value, as Swin's window merge is)."""
+    nodes = [node("MatMul", ["x", "w1"], ["m1"]), node("Add", ["m1", "c"], ["a"]), node("Add", ["a", "x"], ["s"])]
+    nodes += [node("Reshape", ["s", "rows"], ["h"])] if reshaped else [node("Identity", ["s"], ["h"])]
+    nodes += [node("LayerNormalization", ["h", "g", "b"], ["t"], axis=-1, epsilon=1e-5), node("MatMul", ["t", "w2"], ["m2"]),
+              node("Add", ["m2", "h"], ["y"])]
+    return make_model(nodes, {"x": [1, rows, k]}, ["y"],
+                      {"w1": rand(k, k, seed=1, scale=0.1), "c": rand(k, seed=2), "g": 1 + 0.1 * rand(k, seed=3),
+                       "b": rand(k, seed=4), "w2": rand(k, k, seed=5, scale=0.1), "rows": np.array([rows, k], np.int64)})
+
+
+@pytest.mark.parametrize("reshaped", [False, True])
+def test_the_statistics_join_the_epilogue_of_the_product_that_writes_the_rows(reshaped):
+    """Two kernels: the first product stores h and its rows' statistics (a further output), the
+    second reads h raw, scales its rows and adds h back. A view of the sum stored beside the
+    statistics stays in the group (they rearrange nothing)."""
+    model = residual_block(reshaped=reshaped)
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    first, second = [i for i in after.main if i.op.name == "fused"]
+    assert first.op.attrs["kernel"] == ("dot_add_reshape_row_rstd" if reshaped else "dot_add_row_rstd")
+    assert second.op.attrs["kernel"] == "dot_mul_add"
+    assert "epilogue_row_rstd" in op_names(first.op.module)
+    further = next(i for i in after.main if i.op.name == "fused_output")
+    assert further.inputs == [first]
+    values = {x.shape.lens: x for x in (first, further)}  # h, and its rows' 1 / std in float32
+    rows = (ROWS,) if reshaped else (1, ROWS)
+    assert set(values) == {(*rows, K), (*rows, 1)} and values[(*rows, 1)].shape.dtype == DType.float32
+    assert first in second.inputs and further in second.inputs
+    assert_same_results(before, after, tolerance=TOLERANCE)
