@@ -10,7 +10,9 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   is printed and tabled;
 * fusegraph-plain, fusegraph-pdl: the same with no kernel, or every kernel, built for
   programmatic dependent launch (FUSEGRAPH_DEPENDENT_LAUNCH=0 or 1; fusegraph's default builds
-  the short kernels so on sm_90 and later); not in the default modes;
+  the short kernels so on sm_90 and later); fusegraph-nodefer, fusegraph-defer: with no
+  layernorm deferred past its products, or every one that can be (FUSEGRAPH_DEFER_NORMS=0 or
+  1, passes/defer_norm.py); not in the default modes;
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -31,6 +33,7 @@ Progress goes to stderr; the table to bench/results/models.md (or `--name`).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import time
@@ -53,9 +56,10 @@ from bench.timing import (Table, Timing, capture_graph, count_kernels, synchroni
 from bench.yolov5s import with_batch
 from fusegraph.driver.inputs import input_ranges
 from fusegraph.driver.perf import compile_phase_lines
+from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 
-MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "eager", "compile", "max-autotune")
+MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-nodefer", "fusegraph-defer", "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -143,8 +147,10 @@ def fp32_reference(case: Case) -> torch.Tensor:
         return torch.from_numpy(np.asarray(sess.run([case.output_name], feeds)[0])).to(case.device)
 
 
-# the fusegraph contenders and their FUSEGRAPH_DEPENDENT_LAUNCH setting while they compile
-FUSEGRAPH_MODES = {"fusegraph": "", "fusegraph-plain": "0", "fusegraph-pdl": "1"}
+# the fusegraph contenders and their settings while they compile ("": the default)
+FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: ""},
+                   "fusegraph-plain": {DEPENDENT_LAUNCH_ENV: "0"}, "fusegraph-pdl": {DEPENDENT_LAUNCH_ENV: "1"},
+                   "fusegraph-nodefer": {DEFER_NORMS_ENV: "0"}, "fusegraph-defer": {DEFER_NORMS_ENV: "1"}}
 
 
 def run_fusegraph(case: Case, iters: int, mode: str = "fusegraph") -> Row:
@@ -152,7 +158,9 @@ def run_fusegraph(case: Case, iters: int, mode: str = "fusegraph") -> Row:
     row = Row(case.name, case.batch, mode)
     t0 = time.perf_counter()
     try:
-        with environment(DEPENDENT_LAUNCH_ENV, FUSEGRAPH_MODES[mode]):
+        with contextlib.ExitStack() as settings:
+            for name, value in FUSEGRAPH_MODES[mode].items():
+                settings.enter_context(environment(name, value))
             runner, reason = compile_fusegraph(case.program(), case.device, fp16=True)
         if runner is None:
             row.note = reason

@@ -336,20 +336,39 @@ class RMSNorm(LayerNorm):
     center = False
 
 
+def _row_stat(x: np.ndarray, axes: tuple[int, ...], stat: str, epsilon: float, center: bool) -> np.ndarray:
+    """The mean of x over `axes`, or 1 / sqrt(var + eps) (the mean square without `center`),
+    kept as length 1, in float32 (float64 for float64 data)."""
+    wide = x.astype(np.float64)
+    mean = wide.mean(axis=axes, keepdims=True)
+    if stat == "mean":
+        out = mean
+    else:
+        deviation = wide - mean if center else wide
+        out = 1.0 / np.sqrt((deviation * deviation).mean(axis=axes, keepdims=True) + epsilon)
+    return out.astype(np.float64 if x.dtype == np.float64 else np.float32)
+
+
+def _stat_dtype(x: Shape) -> DType:
+    return DType.float64 if x.dtype == DType.float64 else DType.float32
+
+
 @register
 class RowRstd(Op):
     """1 / sqrt(var + eps) of x over the axes from `axis` to the end, kept as length 1 (the
     mean square without `center`, as an RMS norm takes it): a layernorm's statistics alone.
 
     `passes/defer_norm.py` moves a layernorm past the products that read it, which then read
-    x as it is and scale their rows by this; its readers use it per row, so it is computed in
-    float32 (float64 for float64 data) whatever x's type, and converted where it is read.
+    x as it is and scale their rows by this (and other readers normalize x with it and
+    `row_mean`); its readers use it per row, so it is computed in float32 (float64 for float64
+    data) whatever x's type, and converted where it is read.
     """
 
     name = "row_rstd"
     kind = OpKind.REDUCE
     family = "reduction"
-    algorithm = "row_rstd"
+    algorithm = "row_stat"
+    stat: ClassVar[str] = "rstd"
 
     def __init__(self, axis: int, epsilon: float, center: bool = True) -> None:
         super().__init__(axis=int(axis), epsilon=float(epsilon), center=bool(center))
@@ -358,49 +377,58 @@ class RowRstd(Op):
         return tuple(range(self.axis, rank))
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
-        require(len(inputs) == 1, f"row_rstd takes one input, got {len(inputs)}")
+        require(len(inputs) == 1, f"{self.name} takes one input, got {len(inputs)}")
         (x,) = inputs
-        require(0 <= self.axis < x.ndim, f"row_rstd axis {self.axis} out of range for rank {x.ndim}")
-        require(x.dtype.is_float, f"row_rstd needs a float input, got {x.dtype}")
-        out = DType.float64 if x.dtype == DType.float64 else DType.float32
-        return Shape.of(out, [n if d < self.axis else 1 for d, n in enumerate(x.lens)])
+        require(0 <= self.axis < x.ndim, f"{self.name} axis {self.axis} out of range for rank {x.ndim}")
+        require(x.dtype.is_float, f"{self.name} needs a float input, got {x.dtype}")
+        return Shape.of(_stat_dtype(x), [n if d < self.axis else 1 for d, n in enumerate(x.lens)])
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
-        x = args[0].astype(np.float64)
-        axes = tuple(range(self.axis, x.ndim))
-        mean = x.mean(axis=axes, keepdims=True) if self.center else 0.0
-        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-        out = DType.float64 if args[0].dtype == np.float64 else DType.float32
-        return (1.0 / np.sqrt(var + self.epsilon)).astype(out.numpy)
+        x = args[0]
+        return _row_stat(x, tuple(range(self.axis, x.ndim)), self.stat, self.attrs.get("epsilon", 0.0),
+                         self.attrs.get("center", True))
 
 
 @register
-class EpilogueRowRstd(Op):
-    """`row_rstd` over `axis`, repeated along it: a matrix product's epilogue taking the
-    statistics of the rows it writes (`passes/reduction_epilogue.py`), in the anchor's index
-    space, `axis` its output channels. Only stored: each program holds a tile of a row's
-    columns, so the value exists once every column tile has added its part
+class RowMean(RowRstd):
+    """The mean of x over the axes from `axis` to the end, kept as length 1, in float32: what a
+    deferred layernorm's pointwise readers subtract (`row_rstd`'s twin, taken with it)."""
+
+    name = "row_mean"
+    stat = "mean"
+
+    def __init__(self, axis: int) -> None:
+        Op.__init__(self, axis=int(axis))
+
+
+@register
+class EpilogueRowStat(Op):
+    """`row_rstd` or `row_mean` (`stat`) over `axis`, repeated along it: a matrix product's
+    epilogue taking the statistics of the rows it writes (`passes/reduction_epilogue.py`), in
+    the anchor's index space, `axis` its output channels. Only stored: each program holds a
+    tile of a row's columns, so the value exists once every column tile has added its part
     (`templates/gemm_reduce.py`)."""
 
-    name = "epilogue_row_rstd"
+    name = "epilogue_row_stat"
     kind = OpKind.REDUCE
-    algorithm = "epilogue_row_rstd"
+    algorithm = "epilogue_row_stat"
     in_epilogue = True
     only_stored = True
 
-    def __init__(self, axis: int, epsilon: float, center: bool = True) -> None:
-        super().__init__(axis=int(axis), epsilon=float(epsilon), center=bool(center))
+    def __init__(self, axis: int, stat: str, epsilon: float = 0.0, center: bool = True) -> None:
+        require(stat in ("mean", "rstd"), f"epilogue_row_stat computes mean or rstd, not {stat!r}")
+        super().__init__(axis=int(axis), stat=str(stat), epsilon=float(epsilon), center=bool(center))
 
     def reduced_axes(self, rank: int) -> tuple[int, ...]:
         return (self.axis,)
 
     def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
         (x,) = inputs
-        require(0 <= self.axis < x.ndim, f"epilogue_row_rstd axis {self.axis} out of range for rank {x.ndim}")
-        require(x.dtype.is_float, f"epilogue_row_rstd needs a float input, got {x.dtype}")
-        return Shape.of(DType.float64 if x.dtype == DType.float64 else DType.float32, x.lens)
+        require(0 <= self.axis < x.ndim, f"epilogue_row_stat axis {self.axis} out of range for rank {x.ndim}")
+        require(x.dtype.is_float, f"epilogue_row_stat needs a float input, got {x.dtype}")
+        return Shape.of(_stat_dtype(x), x.lens)
 
     def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
-        moved = np.moveaxis(args[0], self.axis, -1)
-        rstd = RowRstd(moved.ndim - 1, self.epsilon, self.center).reference([moved])
-        return np.moveaxis(np.broadcast_to(rstd, moved.shape), -1, self.axis)
+        x = args[0]
+        a = self.attrs
+        return np.broadcast_to(_row_stat(x, (self.axis,), a["stat"], a["epsilon"], a["center"]), x.shape)

@@ -1,49 +1,69 @@
 """A layernorm that would keep its own kernel, moved past the matrix products that read it.
 
-After `fold_norm_affine` a layernorm read only by products is `(x - mean) * rstd` of one input,
-and a centered norm's folded weights W have columns that sum to zero, so
+After `fold_norm_affine` a layernorm read by products is `(x - mean) * rstd` of one input, and a
+centered norm's folded weights W have columns that sum to zero, so
 
     dot((x - mean) * rstd, W) = rstd * (dot(x, W) - mean * sum(W)) = rstd * dot(x, W)
 
-(an RMS norm subtracts no mean, so there the identity holds for any W). Where the prologue
-rule would not compute the norm in the product (`prologue_rule.norm_fits_product`: many long
-rows, ViT-S/16 at batch 32), the norm's kernel reads x and writes the normalized tensor, which
-the product reads back. Deferred, a `row_rstd` kernel reads x and writes one float32 per row,
-and the product reads x itself and scales its rows by rstd in its epilogue: half the norm's
-traffic gone, and the product's A is a plain load.
+(an RMS norm subtracts no mean, so there the identity holds for any W). The products then read
+x itself and scale their rows by rstd in their epilogue; the norm's other readers, pointwise
+ops (the affine `fold_norm_affine` moved out of the norm for a residual add after a post-norm,
+as in BERT), read `(x - mean) * rstd` computed where they read it. What is left of the norm is
+its statistics, `row_rstd` and `row_mean`, one float32 per row each, which join the epilogue of
+the product that writes x (`reduction_epilogue.row_statistics`) or are a small reduction
+kernel. The norm's kernel, which read x and wrote the normalized tensor for the products to
+read back, is gone, and the products' A is a plain load.
 
-Precision: the product sums raw x instead of centered rows, so a row far from zero (a mean m, a
+Where products alone read the norm and the prologue rule lets them normalize it themselves
+(`prologue_rule.norm_fits_product`: few rows or short ones, ViT-S/16 at batch 1), it stays
+there, as measured. Where other readers need the normalized values, no product may compute it
+without storing it (measured slower), so the norm is deferred at any row count, as long as
+its input is an anchor's epilogue value whose kernel then takes the statistics too
+(`in_an_epilogue`): the norm's kernel is replaced by nothing.
+
+Precision: the products sum raw x instead of centered rows, so a row far from zero (a mean m, a
 spread s) leaves the float32 accumulator to carry `m * W` terms that cancel to nothing; its
 rounding error grows by about m / s, which float32 absorbs for the rows transformers have
-(m / s below 10^3 keeps it under 10^-4). The statistics themselves are taken in two passes in
-float32, as the norm's kernel takes them.
+(m / s below 10^3 keeps it under 10^-4). The statistics are taken in float32 by two passes
+(Chan's combination across tiles in an epilogue), as the norm's kernel takes them.
 
 Applies to a layernorm (or RMS norm) over the last axis, with no affine left, that is not
-returned and whose every reader is a matrix product reading it directly as A along K, with
-literal weights whose columns sum to zero for a centered norm, and whose input some kernel
-stores anyway (a transformer's residual stream, which the next residual add reads too): a
-pointwise input only the norm reads is computed inside the norm's kernel today, and deferred it
-would have to be stored for the products.
+returned and whose readers are matrix products reading it directly as A along K, with
+literal weights whose columns sum to zero for a centered norm, and pointwise ops; and whose
+input some kernel stores anyway (a transformer's residual stream, which the next residual
+add reads too, or a product's epilogue value): a pointwise input only the norm reads is
+computed inside the norm's kernel today, and deferred it would have to be stored for the
+products.
 """
 
 from __future__ import annotations
+
+import os
+from typing import Callable
 
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.zero_sum_columns import columns_sum_to_zero
 from fusegraph.ops import make_op
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
-from fusegraph.ops.reduce import RowRstd
+from fusegraph.ops.reduce import RowMean, RowRstd
 from fusegraph.ops.views import MultiBroadcast
+from fusegraph.passes.fuse_anchors import anchor_group
 from fusegraph.passes.literal_values import broadcast_literal
-from fusegraph.passes.prologue_rule import norm_fits_product, reads_rows
+from fusegraph.passes.prologue_rule import norm_fits_product, norms_stored, reads_rows
 from fusegraph.passes.rewrite import rewrite_each
 
 
+# "0": no norm is deferred (the kernels as before this pass, for measuring against); "1": also
+# where the products would normalize the rows themselves (few or short rows: ViT-S/16 at batch
+# 1), to measure that choice; unset: the rule below.
+DEFER_NORMS_ENV = "FUSEGRAPH_DEFER_NORMS"
+
+
 def deferrable_reader(ln: Instruction, product: Instruction) -> bool:
-    """Whether `product` reads `ln` as its own A along K with weights the identity above holds
-    for, and would not compute the norm in its tiles."""
-    if product.inputs[0] is not ln or not reads_rows(product, ln) or norm_fits_product(ln, product):
+    """Whether `product` reads `ln` directly as its A along K with weights the identity above
+    holds for."""
+    if product.inputs[0] is not ln or not reads_rows(product, ln):
         return False
     if not ln.op.center:
         return True
@@ -51,15 +71,70 @@ def deferrable_reader(ln: Instruction, product: Instruction) -> bool:
     return weights is not None and columns_sum_to_zero(weights)
 
 
-def stored_anyway(x: Instruction, module: Module, users: dict[Instruction, list[Instruction]]) -> bool:
-    """Whether some kernel writes x whatever becomes of the norm: it is not a pointwise value
-    that the norm alone reads (through views), which the norm's kernel computes as it reads
-    it and which deferring would leave two kernels to compute."""
-    while view_input_map(x) is not None:
-        if len(users.get(x, [])) > 1 or x in module.returns:
+def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instruction]],
+           product_ok: Callable[[Instruction], bool]) -> bool:
+    """Whether layernorm `ln` (over its last axis, not returned) is deferred: every reader is a
+    matrix product that `product_ok` accepts or a pointwise op, at least one a product; with
+    products alone, not where they would normalize it themselves (`norm_fits_product`); and
+    its input is stored by some kernel anyway (`stored_anyway`). `fold_norm_affine` asks this
+    before folding (of products with literal weights), `DeferNorm` after (of products whose
+    folded weights make the identity hold)."""
+    setting = os.environ.get(DEFER_NORMS_ENV)
+    if setting == "0" or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
+        return False
+    readers = users.get(ln, [])
+    products = [u for u in readers if u.op.kind == OpKind.ANCHOR]
+    others = [u for u in readers if u.op.kind != OpKind.ANCHOR]
+    if not products or any(u.op.kind != OpKind.POINTWISE for u in others) or not all(map(product_ok, products)):
+        return False
+    if not others and setting != "1" and any(norm_fits_product(ln, p) for p in products):
+        return False
+    if others:  # they normalize as they read: only where the statistics cost no kernel of their own,
+        # and not where a product is asked to compute the norm and store it (`prologue_rule.STORE_NORMS_ENV`)
+        return not norms_stored() and in_an_epilogue(ln.inputs[0], ln, module)
+    return stored_anyway(ln.inputs[0], ln, module, users)
+
+
+def stored_anyway(x: Instruction, ln: Instruction, module: Module, users: dict[Instruction, list[Instruction]]) -> bool:
+    """Whether some kernel writes x whatever becomes of the norm: read by others too, or the
+    value of an anchor's epilogue that the norm does not join (a residual add after a
+    product, read only by a post-norm). A pointwise value that the norm alone reads otherwise
+    is computed inside the norm's kernel, and deferring would leave two kernels to compute it."""
+    y = x
+    while view_input_map(y) is not None:
+        if len(users.get(y, [])) > 1 or y in module.returns:
             return True
-        x = x.inputs[0]
-    return x.op.kind != OpKind.POINTWISE or len(users.get(x, [])) > 1 or x in module.returns
+        y = y.inputs[0]
+    if y.op.kind != OpKind.POINTWISE or len(users.get(y, [])) > 1 or y in module.returns:
+        return True
+    return in_an_epilogue(x, ln, module)
+
+
+def in_an_epilogue(x: Instruction, ln: Instruction, module: Module) -> bool:
+    """Whether an anchor's kernel computes x in its epilogue (`fuse_anchors.anchor_group`) and
+    the norm does not join it: the norm's statistics may then join it instead."""
+    for anchor in _epilogue_anchors(x, module):
+        members = anchor_group(module, anchor)[1]
+        if any(m is x for m in members):
+            return not any(m is ln for m in members)
+    return False
+
+
+def _epilogue_anchors(x: Instruction, module: Module) -> list[Instruction]:
+    """The anchors that pointwise value x is computed from through pointwise ops and views,
+    latest first: those whose epilogue may compute x."""
+    stack, seen, found = [x], set(), []
+    while stack:
+        y = stack.pop()
+        if id(y) in seen:
+            continue
+        seen.add(id(y))
+        if y.op.kind == OpKind.ANCHOR:
+            found.append(y)
+        elif y.op.kind == OpKind.POINTWISE or view_input_map(y) is not None:
+            stack.extend(y.inputs)
+    order = {id(i): k for k, i in enumerate(module.instructions)}
+    return sorted(found, key=lambda a: -order[id(a)])
 
 
 class DeferNorm:
@@ -67,24 +142,42 @@ class DeferNorm:
 
     def apply(self, module: Module) -> bool:
         def defer(ln: Instruction) -> bool:
-            if ln.op.algorithm != "layernorm" or len(ln.inputs) != 1 or ln in module.returns:
-                return False
-            if ln.op.attrs["axis"] != ln.shape.ndim - 1:
+            if ln.op.algorithm != "layernorm" or len(ln.inputs) != 1:
                 return False
             users = module.users()
-            readers = users.get(ln, [])
-            if not readers or not all(deferrable_reader(ln, p) for p in readers):
+            if not defers(module, ln, users, lambda p: deferrable_reader(ln, p)):
                 return False
-            if not stored_anyway(ln.inputs[0], module, users):
-                return False
-            x = ln.inputs[0]
-            rstd = module.make(RowRstd(ln.op.attrs["axis"], ln.op.attrs["epsilon"], ln.op.center), [x], ln.origin)
-            module.insert_before(ln, rstd)
-            for product in dict.fromkeys(readers):  # a product reading it twice is one reader
+            x, readers = ln.inputs[0], users[ln]
+            axis, origin = ln.op.attrs["axis"], ln.origin
+            rstd = module.insert_before(ln, module.make(RowRstd(axis, ln.op.attrs["epsilon"], ln.op.center), [x], origin))
+            others = [u for u in readers if u.op.kind != OpKind.ANCHOR]
+            if others:
+                normalized = self._normalized(module, ln, rstd)
+                for u in others:
+                    u.inputs = [normalized if i is ln else i for i in u.inputs]
+            for product in dict.fromkeys(u for u in readers if u.op.kind == OpKind.ANCHOR):  # one reading it twice: once
                 self._scale_rows(module, product, x, rstd)
             return True
 
         return rewrite_each(module, defer, drop_dead=True)
+
+    @staticmethod
+    def _normalized(module: Module, ln: Instruction, rstd: Instruction) -> Instruction:
+        """`(x - mean) * rstd` (x * rstd for an RMS norm) in x's type, the statistics converted:
+        pointwise ops that the kernels of the norm's other readers compute as they read (a
+        kernel computes half types in float32, so nothing is rounded there). No op reads x
+        with operands that x's own kernel could compute, so that kernel stores x alone."""
+        x, origin, lens = ln.inputs[0], ln.origin, ln.shape.lens
+
+        def add(op: object, inputs: list[Instruction]) -> Instruction:
+            return module.insert_before(ln, module.make(op, inputs, origin))
+
+        def per_row(stat: Instruction) -> Instruction:
+            wide = add(MultiBroadcast(lens), [stat])
+            return wide if stat.shape.dtype == x.shape.dtype else add(make_op("convert", target=x.shape.dtype), [wide])
+
+        centered = add(make_op("sub"), [x, per_row(add(RowMean(ln.op.attrs["axis"]), [x]))]) if ln.op.center else x
+        return add(make_op("mul"), [centered, per_row(rstd)])
 
     @staticmethod
     def _scale_rows(module: Module, product: Instruction, x: Instruction, rstd: Instruction) -> None:

@@ -30,7 +30,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.group_builder import GroupBuilder, Piece, Unfusable, group_name, kernel_name, place, reads_its_stores
-from fusegraph.passes.prologue_rule import PrologueRule
+from fusegraph.passes.prologue_rule import RECOMPUTE_BUDGET, PrologueRule, pointwise_ops
 from fusegraph.passes.reduction_epilogue import pixel_reduction, row_statistics, segment_fold, segment_layernorm, segment_softmax
 from fusegraph.passes.rewrite import rewrite_each
 from fusegraph.passes.weighted_sum_epilogue import segment_weighted_sum
@@ -79,8 +79,11 @@ class _Epilogue:
             return self._pointwise(ins, src)
         if op.kind == OpKind.REDUCE and src[0] is not None:
             rules = [segment_softmax, segment_fold, segment_layernorm]
-            if not any(self._only_stored(m) for m in self.members):  # one reduction across programs per kernel
+            held = [p.value for m in self.members for p in self.pieces[id(m)] if p.value.op.only_stored]
+            if not held:  # one reduction across programs per kernel
                 rules += [pixel_reduction, row_statistics]
+            elif all(v.op.algorithm == "epilogue_row_stat" and v.inputs[0] is src[0][0].value for v in held):
+                rules.append(row_statistics)  # another statistic of the same rows: the same rendezvous
             return next((got for rule in rules if (got := rule(self.anchor, ins, src[0], self.b)) is not None), None)
         if op.kind == OpKind.ANCHOR and src[0] is not None and not any(self.depends_on_group(x) for x in ins.inputs[1:]):
             return segment_weighted_sum(self.anchor, ins, src[0], self.b)
@@ -126,10 +129,15 @@ class _Epilogue:
         if any(self.depends_on_group(x) for x, s in zip(ins.inputs, src) if s is None):
             return None
         out = []
-        for k, p in enumerate(inside[0]):
-            args = [s[k].value if s is not None else self.b.gather(x, p.map, p.domain)
-                    for x, s in zip(ins.inputs, src)]
-            out.append(Piece(p.map, p.domain, self.b.add(ins.op, args, ins.origin)))
+        # (not beside a layernorm its prologue computes, whose values and stores the prologue rule owns)
+        self.b.inline = _never if self.b.computed else _SideInputs(self.module, ins)
+        try:
+            for k, p in enumerate(inside[0]):
+                args = [s[k].value if s is not None else self.b.gather(x, p.map, p.domain)
+                        for x, s in zip(ins.inputs, src)]
+                out.append(Piece(p.map, p.domain, self.b.add(ins.op, args, ins.origin)))
+        finally:
+            self.b.inline = _never
         return out
 
     def grow(self, anchor_value: Instruction) -> "Grown":
@@ -266,6 +274,29 @@ def anchor_group(module: Module, anchor: Instruction) -> tuple[Instruction, list
 
 def _never(ins: Instruction, at: IndexMap) -> bool:
     return False
+
+
+class _SideInputs:
+    """Which producers of an epilogue op's side inputs the kernel computes where it reads them:
+    pointwise ops that nothing else reads (through views), at most `RECOMPUTE_BUDGET` of them
+    per element. Their own kernel would write a tensor this kernel alone reads back (the
+    normalized rows that `defer_norm` leaves for a residual add after a post-norm)."""
+
+    def __init__(self, module: Module, reader: Instruction) -> None:
+        self.module, self.reader = module, reader
+        self.rule: PrologueRule | None = None  # its readers-through-views walk, made at the first pointwise side input
+        self.inside = {id(reader)}
+
+    def __call__(self, ins: Instruction, at: IndexMap) -> bool:
+        if ins.op.kind != OpKind.POINTWISE or pointwise_ops(ins) > RECOMPUTE_BUDGET:
+            return False
+        if self.rule is None:
+            self.rule = PrologueRule(self.module, self.reader)
+        readers = self.rule.readers(ins)
+        ok = readers is not None and all(id(u) in self.inside for u in readers)
+        if ok:
+            self.inside.add(id(ins))
+        return ok
 
 
 def _pointwise(ins: Instruction, at: IndexMap) -> bool:

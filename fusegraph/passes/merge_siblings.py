@@ -14,7 +14,9 @@ only where that is the whole story:
 * each sibling's group (asked of `fuse_anchors.anchor_group`, the rule fusion applies) is the
   anchor plus pointwise ops whose other operands are constants (a folded bias, a scale), and
   the groups are isomorphic, op for op; the merged epilogue reads the constants stacked along
-  channels, so it splits by output channel without any branch or domain. A sibling's group is
+  channels, so it splits by output channel without any branch or domain. An operand that is
+  the same for every channel, a value per row computed before the siblings (the 1 / std by
+  which `defer_norm` scales the rows of BERT's Q, K and V products), is shared, not stacked. A sibling's group is
   cut after that pointwise part: the views its kernel would also hold (BERT's head splits of
   Q, K and V, each its own reshape and transpose) stay behind as readers of its slice, and the
   kernels reading them (the attention kernel) read through their maps. A sibling whose
@@ -90,7 +92,21 @@ def _constant(x: Instruction, anchor: Instruction) -> np.ndarray | None:
     return value if value is not None and value.ndim == anchor.shape.ndim else None
 
 
-def _pointwise_prefix(s: _Sibling) -> _Sibling:
+def _row_source(x: Instruction, anchor: Instruction, pos: dict[int, int]) -> Instruction | None:
+    """The value side operand `x` broadcasts along the output channels when it is the same for
+    every channel and computed before the anchor (a deferred layernorm's 1 / std per row,
+    `defer_norm`): siblings sharing it read it the same way merged, and it cannot depend on any
+    of them. None otherwise."""
+    if not x.op.broadcasts or x.shape.lens != anchor.shape.lens:
+        return None
+    source = x.inputs[0]
+    axis = _channel_axis(anchor)
+    if source.shape.ndim != anchor.shape.ndim or source.shape.lens[axis] != 1:
+        return None
+    return source if pos.get(id(source), len(pos)) < pos[id(anchor)] else None
+
+
+def _pointwise_prefix(s: _Sibling, pos: dict[int, int]) -> _Sibling:
     """The sibling cut after its pointwise epilogue: views that follow (a head split) stay
     behind as readers of its slice of the merged output, which fusion then stores through."""
     index = {id(s.anchor)}
@@ -98,7 +114,8 @@ def _pointwise_prefix(s: _Sibling) -> _Sibling:
     for m in s.members[1:]:
         if m.op.kind != OpKind.POINTWISE or m.shape.lens != s.anchor.shape.lens:
             break
-        if not all(id(x) in index or _constant(x, s.anchor) is not None for x in m.inputs):
+        if not all(id(x) in index or _constant(x, s.anchor) is not None or _row_source(x, s.anchor, pos) is not None
+                   for x in m.inputs):
             break
         members.append(m)
         index.add(id(m))
@@ -107,21 +124,24 @@ def _pointwise_prefix(s: _Sibling) -> _Sibling:
     return _Sibling(s.anchor, members[-1], members)
 
 
-def _signature(s: _Sibling) -> Hashable | None:
+def _signature(s: _Sibling, pos: dict[int, int]) -> Hashable | None:
     """The shape of a sibling's group: its epilogue ops and where each operand comes from (a member
-    by index, or None for a constant), and which member is the output; None when the group holds
-    anything else (views, reductions, an operand computed outside it)."""
+    by index, None for a constant, or the row value it broadcasts: `_row_source`), and which
+    member is the output; None when the group holds anything else (views, reductions, an
+    operand computed outside it)."""
     index = {id(m): k for k, m in enumerate(s.members)}
     entries = []
     for m in s.members[1:]:
         if m.op.kind != OpKind.POINTWISE or m.shape.lens != s.anchor.shape.lens:
             return None
-        refs: list[int | None] = []
+        refs: list[int | None | Instruction] = []
         for x in m.inputs:
             if id(x) in index:
                 refs.append(index[id(x)])
             elif _constant(x, s.anchor) is not None:
                 refs.append(None)
+            elif (row := _row_source(x, s.anchor, pos)) is not None:
+                refs.append(row)
             else:
                 return None
         entries.append((m.op, tuple(refs)))
@@ -243,6 +263,9 @@ def _merge(module: Module, group: list[_Sibling], signature: Hashable) -> None:
             if ref is None:
                 added += _merged_constant(module, group, j, k, merged[0].shape.lens)
                 args.append(added[-1])
+            elif isinstance(ref, Instruction):  # a row value, broadcast along the merged channels
+                added.append(module.make(MultiBroadcast(merged[0].shape.lens), [ref], group[0].members[j].origin))
+                args.append(added[-1])
             else:
                 args.append(merged[ref])
         merged.append(module.make(op, args, group[0].members[j].origin))
@@ -276,9 +299,10 @@ class MergeSiblings:
             if len(anchors) < 2:
                 continue
             classes: dict[Hashable, list[_Sibling]] = {}
+            pos = {id(i): k for k, i in enumerate(module.instructions)}
             for a in anchors:
-                s = _pointwise_prefix(_Sibling(a, *anchor_group(module, a)))
-                sig = _signature(s)
+                s = _pointwise_prefix(_Sibling(a, *anchor_group(module, a)), pos)
+                sig = _signature(s, pos)
                 if sig is not None:
                     classes.setdefault(sig, []).append(s)
             users = module.users()

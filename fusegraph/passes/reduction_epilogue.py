@@ -25,11 +25,12 @@ norms): a `segment_layernorm` takes the row's mean and variance across the tile 
 and applies the constant affine, and the normalized tensor is stored straight from the
 product's kernel (beside the value it normalizes, when that is read elsewhere too).
 
-A row's statistics alone (`row_rstd`, what `defer_norm` leaves of a layernorm whose readers
-scale their own rows) join a matrix product's epilogue when the reduced axis is exactly the
-product's output channels, whatever their count: each column tile takes its part and the
-last to arrive combines them (`epilogue_row_rstd`, only stored, like `epilogue_sum`). A
-transformer's residual stream then costs no kernel between its products.
+A row's statistics alone (`row_rstd` and `row_mean`, what `defer_norm` leaves of a layernorm
+whose readers scale their own rows or normalize as they read) join a matrix product's
+epilogue when the reduced axis is exactly the product's output channels, whatever their
+count: each column tile takes its part and the last to arrive combines them
+(`epilogue_row_stat`, only stored, like `epilogue_sum`; both statistics of one value share
+the rendezvous). A transformer's residual stream then costs no kernel between its products.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from fusegraph.ir.index_map import IndexMap
 from fusegraph.ir.program import Instruction
 from fusegraph.ops.base import OpKind, is_literal
 from fusegraph.ops.base import input_map_of as view_input_map
-from fusegraph.ops.reduce import EpilogueRowRstd, EpilogueSum, SegmentLayerNorm, SegmentReduce, SegmentSoftmax
+from fusegraph.ops.reduce import EpilogueRowStat, EpilogueSum, SegmentLayerNorm, SegmentReduce, SegmentSoftmax
 from fusegraph.passes.group_builder import GroupBuilder, Piece
 
 MAX_RUN = 256  # the widest N tile the GEMM template chooses for a run
@@ -137,13 +138,13 @@ def segment_fold(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: 
 
 
 def row_statistics(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
-    """The pieces of `row_rstd` `ins` over its last axis when that axis is exactly a matrix
-    product's output channels (each row of `ins`'s input one row of the product, whole), or
-    None. The column tiles each add their part, so it is only stored (`EpilogueRowRstd`); not
-    where the template would split k, which the parts' rendezvous forbids (`splits_k`)."""
-    if ins.op.algorithm != "row_rstd" or not gemm_template(anchor) or not anchor.op.k_is_last_axis:
+    """The pieces of `row_rstd` or `row_mean` `ins` over its last axis when that axis is exactly
+    a matrix product's output channels (each row of `ins`'s input one row of the product,
+    whole), or None. The column tiles each add their part, so it is only stored
+    (`EpilogueRowStat`)."""
+    if ins.op.algorithm != "row_stat" or not gemm_template(anchor) or not anchor.op.k_is_last_axis:
         return None
-    if anchor.op.attrs.get("group", 1) != 1 or len(pieces) != 1 or pieces[0].domain or splits_k(anchor):
+    if anchor.op.attrs.get("group", 1) != 1 or len(pieces) != 1 or pieces[0].domain:
         return None  # (a shifted window's parts each hold some rows: not yet)
     (p,) = pieces
     axis, channel = ins.shape.ndim - 1, anchor.shape.ndim - 1
@@ -154,9 +155,10 @@ def row_statistics(anchor: Instruction, ins: Instruction, pieces: list[Piece], b
         return None
     if any(n in free_vars(e) for j, e in enumerate(p.map.exprs) if j != axis):
         return None
-    value = b.add(EpilogueRowRstd(channel, ins.op.attrs["epsilon"], ins.op.attrs["center"]), [p.value], ins.origin)
+    a = ins.op.attrs
+    op = EpilogueRowStat(channel, ins.op.stat, a.get("epsilon", 0.0), a.get("center", True))
     kept = [Const(0) if j == axis else e for j, e in enumerate(p.map.exprs)]
-    return [Piece(IndexMap(p.map.out_vars, kept, ins.shape.lens), (), value)]
+    return [Piece(IndexMap(p.map.out_vars, kept, ins.shape.lens), (), b.add(op, [p.value], ins.origin))]
 
 
 def pixel_axes(anchor: Instruction) -> range | None:

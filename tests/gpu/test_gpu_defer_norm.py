@@ -10,7 +10,7 @@ import pytest
 from fusegraph import api, parse_onnx
 from tests.gpu.test_gpu_kernels import TOL, check_gpu
 from tests.helpers import rel_err
-from tests.passes.test_defer_norm import K, ROWS, _norm_then_products, _shifted_rows, residual_block
+from tests.passes.test_defer_norm import K, ROWS, _norm_then_products, _shifted_rows, post_norm_block, residual_block
 
 FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 
@@ -19,7 +19,7 @@ FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 @pytest.mark.parametrize("fp16", [False, True])
 def test_row_statistics_then_a_product_of_the_raw_rows(norm, fp16):
     compiled = check_gpu(_norm_then_products(norm), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
-    assert [k.src.template for k in compiled.kernels] == ["reduction", "gemm"]
+    assert [k.src.template for k in compiled.kernels] == ["reduction", "gemm", "gemm"]  # (returned: not merged)
     assert "row_rstd" in compiled.kernels[0].src.name
 
 
@@ -56,3 +56,30 @@ def test_row_statistics_under_every_default_config():
             compiled.poison()
             got = compiled.run({"x": x})["y"]
             assert not np.isnan(got).any() and rel_err(got, api.run(program, {"x": x})["y"]) < TOL, bn
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_post_norm_block(fp16):
+    """The first product stores h, its rows' mean and 1 / std; the second scales its rows and
+    normalizes h for its residual add as it reads it."""
+    compiled = check_gpu(post_norm_block(), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert [k.src.template for k in compiled.kernels] == ["gemm", "gemm"]
+
+
+def test_row_statistics_under_split_k():
+    """K of 640 over 128 rows: candidates split the k loop; only each tile's last program (the
+    one that runs its epilogue) adds the rows' parts. Split and unsplit candidates of the first
+    product, twice each (the counters cleared for the next run), against the reference."""
+    program = parse_onnx(post_norm_block(k=640))
+    compiled = api.compile(program, "gpu", tune=False)
+    first = compiled.kernels[0].src
+    splits = [c for c in first.configs if c["SPLIT"] > 1]
+    assert splits, first.configs
+    rng = np.random.default_rng()
+    for config in splits[:3] + [c for c in first.configs if c["SPLIT"] == 1][:1]:
+        compiled.kernels[0].config = config
+        for _ in range(2):
+            x = rng.standard_normal((1, 128, 640)).astype(np.float32)
+            compiled.poison()
+            got = compiled.run({"x": x})["y"]
+            assert not np.isnan(got).any() and rel_err(got, api.run(program, {"x": x})["y"]) < TOL, config

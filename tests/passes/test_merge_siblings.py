@@ -14,7 +14,7 @@ from fusegraph.ir.program import Instruction, Program
 from fusegraph.passes.manager import run_passes
 from fusegraph.passes.merge_siblings import MergeSiblings
 from fusegraph.passes.pipeline import canonicalize_passes, count_kernels, default_pipeline, fuse
-from tests.helpers import make_model, rand, rel_err
+from tests.helpers import assert_same_results, make_model, op_names, rand, rel_err
 
 
 def _silu(x: str, out: str) -> list:
@@ -271,3 +271,22 @@ def test_a_kernel_in_two_slots_of_one_concat_writes_one_and_is_copied_into_the_o
     ], {"x": [1, 3, 4, 4], "z": [1, 2, 4, 4]}, ["y"], {"w": rand(2, 3, 1, 1, seed=1)})
     program = check_fused_equals_unfused(model)
     assert sorted(k.op.attrs["kernel"] for k in kernels(program)) == ["conv_relu", "copy", "copy", "softmax"]
+
+
+def test_siblings_scaled_by_one_row_value_merge_and_share_it():
+    """Q, K and V products of a deferred layernorm (`defer_norm`) each scale their rows by the
+    same 1 / std: the value is shared by the merged epilogue, broadcast along all its channels,
+    not stacked; one product kernel is left, as before the norm was deferred."""
+    from tests.passes.test_defer_norm import K, ROWS
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1)]
+    nodes += [helper.make_node("MatMul", ["t", f"w{j}"], [f"m{j}"]) for j in range(3)]
+    nodes += [helper.make_node("Add", ["m0", "m1"], ["s"]), helper.make_node("Add", ["s", "m2"], ["y"])]
+    literals = {"g": 1 + 0.1 * rand(K, seed=1), "b": rand(K, seed=2)} | {f"w{j}": rand(K, 16, seed=3 + j, scale=0.2) for j in range(3)}
+    model = make_model(nodes, {"x": [1, ROWS, K]}, ["y"], literals)
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    products = [i for i in after.main if i.op.name == "fused" and "dot" in op_names(i.op.module)]
+    assert len(products) == 1
+    (dot,) = [i for i in products[0].op.module if i.op.name == "dot"]
+    assert dot.shape.lens[-1] == 48
+    assert_same_results(before, after, tolerance=1e-5)

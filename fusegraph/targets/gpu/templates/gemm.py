@@ -35,7 +35,7 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     constexprs = ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else [])
     body = signature(name, args, constexprs) + "\n" + "\n".join(emitter.lines) + "\n"
     configs, default_tune = gemm_configs(spec, anchor.inputs[0].shape.dtype, tile, pieces)
-    if parts:  # the last program of a rendezvous must hold whole sums: no split-k
+    if emitter.pixel_sums:  # the last row tile must hold its whole sums: no split-k
         configs = [c for c in configs if c["SPLIT"] == 1]
     n_grid: tuple[int, str | None, str | None] = (spec.n // period, None, None) if period else (spec.n, "BN", None)
     return KernelSource(name, kernel, "gemm", body, args, configs,

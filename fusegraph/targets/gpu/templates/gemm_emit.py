@@ -19,8 +19,8 @@ from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
 from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, columns_vanish, computed_from, deferrable, emit_row_stores,
                                                              prologue_norms, row_stores, selected_loads)
-from fusegraph.targets.gpu.templates.gemm_reduce import (SEGMENT_EMITTERS, PixelSums, RowParts, emit_pixel_sums, emit_row_rstd,
-                                                         pixel_sum_returns, row_rstd_returns)
+from fusegraph.targets.gpu.templates.gemm_reduce import (SEGMENT_EMITTERS, PixelSums, RowParts, emit_pixel_sums, emit_row_stats,
+                                                         pixel_sum_returns, row_stat_returns)
 from fusegraph.targets.gpu.templates.gemm_spec import GemmSpec
 from fusegraph.targets.gpu.templates.gemm_tma import TmaOperand, tma_operand, tma_wanted
 
@@ -91,8 +91,8 @@ class GemmEmitter:
         self.sum_codes: dict[int, str] = {}  # the tile a pixel sum is stored on -> its code
         self.sums = pixel_sum_returns(module)
         self.pixel_sums = pixel_sums_of(anchor, spec, self.sums) if self.sums else None
-        self.row_rstds = row_rstd_returns(module)
-        self.row_parts = RowParts(spec.n) if self.row_rstds else None
+        self.row_stats = row_stat_returns(module)
+        self.row_parts = RowParts(spec.n) if self.row_stats else None
         self.a_in, self.b_in = anchor.inputs
         a_loads = selected_loads(self.a_in)
         self.a_plain = a_loads is not None  # A computes nothing: its loads are zero wherever masked
@@ -195,6 +195,7 @@ class GemmEmitter:
             split_k_fixup(w)
         else:
             w.emit("last = tl.full([1, 1], 1, tl.int1)")
+            w.emit("owner = pid_k == 0")
         self._epilogue(blocks)
 
     def _descriptors(self) -> None:
@@ -301,12 +302,12 @@ class GemmEmitter:
             self.acc_of[id(te)] = b.acc
             self.width_of[id(te)] = b.width
             for ret in self.module.returns:  # the group's value, then its further outputs
-                if ret not in self.sums and ret not in self.row_stores and ret not in self.row_rstds:
+                if ret not in self.sums and ret not in self.row_stores and ret not in self.row_stats:
                     self.w.store(ret, te, self.spec.out_index, ("last",))
             for ret in self.sums:
                 emit_pixel_sums(self.w, ret, te, self.spec.out_index, self.pixel_sums, self.sum_codes)
-            for ret in self.row_rstds:
-                emit_row_rstd(self.w, ret, te, self.spec.out_index, self.spec.m, self.spec.n, self.sum_codes)
+            if self.row_stats:
+                emit_row_stats(self.w, self.row_stats, te, self.spec.out_index, self.spec.m, self.spec.n, self.sum_codes)
 
 
 def split_k_fixup(w: KernelWriter) -> None:
@@ -319,6 +320,7 @@ def split_k_fixup(w: KernelWriter) -> None:
     # `last` is a [1, 1] tile: a scalar condition in a mask trips Triton's interpreter, and
     # a full one would cost an operation per element in every mask it joins
     w.emit("last = tl.full([1, 1], 1, tl.int1) & (pid_k == 0)")
+    w.emit("owner = pid_k == 0")  # the program that runs the epilogue, as a scalar (`emit_row_stats`)
     with w.block("if SPLIT > 1:"):
         w.emit("tile = (gz * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m")
         w.emit("wt = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]")
@@ -327,6 +329,7 @@ def split_k_fixup(w: KernelWriter) -> None:
         w.emit('seen = tl.atomic_add(cnt + tile, 1, sem="acq_rel")')
         w.emit("is_last = seen == SPLIT - 1")
         w.emit("last = tl.full([1, 1], 1, tl.int1) & is_last")
+        w.emit("owner = is_last")
         with w.block("if is_last:"):
             w.emit("acc = tl.zeros([BM, BN], dtype=tl.float32)")
             with w.block("for s in range(SPLIT):"):

@@ -2,7 +2,7 @@
 `segment_reduce`, `segment_layernorm`), over each
 sample's pixels of a convolution or of a product over rows of pixels (`epilogue_sum`, the
 squeeze of an SE block, a global mean after a last linear layer), and a row's statistics
-over all its column tiles (`epilogue_row_rstd`, for the deferred layernorm of the next product).
+over all its column tiles (`epilogue_row_stat`, for the deferred layernorm of the next product).
 
 The pass (`passes/reduction_epilogue.py`) lets a softmax join a product's epilogue when each
 of its runs is an aligned run of L output channels; the template then makes the N tile one run
@@ -180,7 +180,7 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
 
 @dataclass(frozen=True)
 class RowParts:
-    """The shape of a product kernel's row statistics (`epilogue_row_rstd`): `n` output
+    """The shape of a product kernel's row statistics (`epilogue_row_stat`): `n` output
     channels, the whole of each row, in column tiles of BN over a grid of (row blocks, column
     blocks, batch)."""
 
@@ -194,23 +194,32 @@ class RowParts:
         return row_blocks * cdiv(n, config["BN"]) * 2 * config["BM"], row_blocks
 
 
-def row_rstd_returns(module: Module) -> list[Instruction]:
-    """The group's stored values that are its rows' statistics (stored by `emit_row_rstd`)."""
-    return [r for r in module.returns if is_store(r) and r.inputs[1].op.algorithm == "epilogue_row_rstd"]
+def row_stat_returns(module: Module) -> list[Instruction]:
+    """The group's stored values that are its rows' statistics (stored by `emit_row_stats`)."""
+    return [r for r in module.returns if is_store(r) and r.inputs[1].op.algorithm == "epilogue_row_stat"]
 
 
-def emit_row_rstd(w: KernelWriter, ret: Instruction, te: Tile, out_index: Index, m: int, n: int,
-                  codes: dict[int, str]) -> None:
+def emit_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index: Index, m: int, n: int,
+                   codes: dict[int, str]) -> None:
     """Each program stores its tile's per-row mean and squared deviations (an exact two-pass
     over the tile's columns) into its own slots of `part`; the last column block of a row block
     to arrive (a counter per row block, `pcnt`) combines the parts in column order by Chan's
-    rule, stores 1 / sqrt(var + eps) through `ret`'s map and clears the counter. As with the
-    pixel sums, no float atomics: the same bits every run. `codes` receives the result's code
-    for the tile the store reads it on."""
-    op = ret.inputs[1].op
-    x = w.value(ret.inputs[1].inputs[0], te, out_index)
+    rule, stores each statistic (the mean, 1 / sqrt(var + eps)) through its return's map and
+    clears the counter. Under split-k only the program that runs a tile's epilogue takes part.
+    As with the pixel sums, no float atomics: the same bits every run.
+    `codes` receives each result's code for the tile its store reads it on."""
+    values = {id(r.inputs[1].inputs[0]): r.inputs[1].inputs[0] for r in rets}
+    if len(values) != 1:
+        raise CodegenError("row statistics of two values in one epilogue; one rendezvous serves one")
+    x = w.value(next(iter(values.values())), te, out_index)
     valid = te.conjunction(te.mask_for(te.dims))
     v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [BM, BN]), 0.0)")
+    with w.block("if owner:"):  # under split-k, the tile's last program: the one holding the sums
+        _rendezvous(w, rets, v, valid, out_index, m, n, codes)
+
+
+def _rendezvous(w: KernelWriter, rets: list[Instruction], v: str, valid: str, out_index: Index, m: int, n: int,
+                codes: dict[int, str]) -> None:
     w.emit(f"rs_count = tl.minimum({n} - pid_n * BN, BN) * 1.0")
     mean = w.let(f"tl.sum({v}, 1) / rs_count")
     dev = w.let(f"tl.where({valid}, {v} - {mean}[:, None], 0.0)")
@@ -233,8 +242,13 @@ def emit_row_rstd(w: KernelWriter, ret: Instruction, te: Tile, out_index: Index,
             w.emit("rs_delta = rs_pm - rs_mean")
             w.emit("rs_mean = rs_mean + rs_delta * (rs_n / (rs_before + rs_n))")
             w.emit("rs_m2 = rs_m2 + rs_pq + rs_delta * rs_delta * (rs_before * rs_n / (rs_before + rs_n))")
-        square = "" if op.attrs["center"] else " + rs_mean * rs_mean"  # an RMS norm's mean square
-        rows = Tile({"rm": "rm", "gz": "gz", "nq": "pid_n"}, {"rm": f"(rm < {m})"})
-        codes[id(rows)] = w.let(f"1.0 / tl.sqrt(rs_m2 / {n}.0{square} + {op.attrs['epsilon']})")
-        w.store(ret, rows, out_index)
+        for ret in rets:
+            a = ret.inputs[1].op.attrs
+            rows = Tile({"rm": "rm", "gz": "gz", "nq": "pid_n"}, {"rm": f"(rm < {m})"})
+            if a["stat"] == "mean":
+                codes[id(rows)] = "rs_mean"
+            else:
+                square = "" if a["center"] else " + rs_mean * rs_mean"  # an RMS norm's mean square
+                codes[id(rows)] = w.let(f"1.0 / tl.sqrt(rs_m2 / {n}.0{square} + {a['epsilon']})")
+            w.store(ret, rows, out_index)
         w.emit("tl.atomic_xchg(pcnt + rs_block, 0)")

@@ -158,18 +158,22 @@ def _softmax(r: Rows) -> None:
         r.store(tile, r.full_index)
 
 
+def _mean(r: Rows) -> str:
+    return r.w.let(binary_rhs("div", r.fold("add", "0.0"), f"{r.length}.0"))
+
+
 def _statistics(r: Rows) -> tuple[str, str]:
     """Each row's mean (zero without `center`) and 1 / sqrt(var + eps): two passes, the second
     over the deviations from the first's mean, so no `E[x^2] - E[x]^2` cancellation."""
-    w, n = r.w, f"{r.length}.0"
-    mean = w.let(binary_rhs("div", r.fold("add", "0.0"), n)) if r.anchor.op.center else w.let(f"tl.zeros([BO], dtype={r.acc_t})")
+    w = r.w
+    mean = _mean(r) if r.anchor.op.center else w.let(f"tl.zeros([BO], dtype={r.acc_t})")
     squares = r.fold("add", "0.0", lambda v: f"({v} - {mean}[:, None]) * ({v} - {mean}[:, None])")
-    return mean, w.let(f"1.0 / tl.sqrt({squares} / {n} + {r.anchor.op.attrs['epsilon']})")
+    return mean, w.let(f"1.0 / tl.sqrt({squares} / {r.length}.0 + {r.anchor.op.attrs['epsilon']})")
 
 
-@algorithm("row_rstd")
-def _row_rstd(r: Rows) -> None:
-    r.out = _statistics(r)[1]
+@algorithm("row_stat")
+def _row_stat(r: Rows) -> None:
+    r.out = _mean(r) if r.anchor.op.stat == "mean" else _statistics(r)[1]
 
 
 @algorithm("layernorm", full_output=True)
