@@ -48,7 +48,7 @@ from fusegraph.ops.base import OpKind
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.ops.reduce import RowMean, RowRstd
 from fusegraph.ops.views import MultiBroadcast
-from fusegraph.passes.fuse_anchors import anchor_group
+from fusegraph.passes.fuse_anchors import part_anchor
 from fusegraph.passes.literal_values import broadcast_literal
 from fusegraph.passes.prologue_rule import norm_fits_product, norms_stored, reads_rows
 from fusegraph.passes.rewrite import rewrite_each
@@ -111,30 +111,11 @@ def stored_anyway(x: Instruction, ln: Instruction, module: Module, users: dict[I
 
 
 def in_an_epilogue(x: Instruction, ln: Instruction, module: Module) -> bool:
-    """Whether an anchor's kernel computes x in its epilogue (`fuse_anchors.anchor_group`) and
+    """Whether an anchor's kernel computes x in its epilogue (`fuse_anchors.part_anchor`) and
     the norm does not join it: the norm's statistics may then join it instead."""
-    for anchor in _epilogue_anchors(x, module):
-        members = anchor_group(module, anchor)[1]
-        if any(m is x for m in members):
-            return not any(m is ln for m in members)
-    return False
-
-
-def _epilogue_anchors(x: Instruction, module: Module) -> list[Instruction]:
-    """The anchors that pointwise value x is computed from through pointwise ops and views,
-    latest first: those whose epilogue may compute x."""
-    stack, seen, found = [x], set(), []
-    while stack:
-        y = stack.pop()
-        if id(y) in seen:
-            continue
-        seen.add(id(y))
-        if y.op.kind == OpKind.ANCHOR:
-            found.append(y)
-        elif y.op.kind == OpKind.POINTWISE or view_input_map(y) is not None:
-            stack.extend(y.inputs)
-    order = {id(i): k for k, i in enumerate(module.instructions)}
-    return sorted(found, key=lambda a: -order[id(a)])
+    groups: dict[int, set[int]] = {}
+    anchor = part_anchor(module, x, {id(i): k for k, i in enumerate(module.instructions)}, groups)
+    return anchor is not None and id(ln) not in groups[id(anchor)]
 
 
 class DeferNorm:

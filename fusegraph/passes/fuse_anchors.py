@@ -272,6 +272,28 @@ def anchor_group(module: Module, anchor: Instruction) -> tuple[Instruction, list
     return grown.out, grown.members
 
 
+def part_anchor(module: Module, part: Instruction, pos: dict[int, int], groups: dict[int, set[int]]) -> Instruction | None:
+    """The anchor whose fused group (as fusion would build it now) computes `part`: the
+    nearest anchor above it (through views, pointwise ops and reductions; `pos` gives program
+    positions), when the part is a member of its group; else None. `groups` caches each probed
+    anchor's members' ids."""
+    stack, seen, nearest = [part], set(), None
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.op.kind == OpKind.ANCHOR:
+            nearest = x if nearest is None or pos[id(x)] > pos[id(nearest)] else nearest
+        elif x.op.kind in (OpKind.VIEW, OpKind.POINTWISE, OpKind.REDUCE):
+            stack.extend(x.inputs)
+    if nearest is None:
+        return None
+    if id(nearest) not in groups:
+        groups[id(nearest)] = {id(m) for m in anchor_group(module, nearest)[1]}
+    return nearest if id(part) in groups[id(nearest)] else None
+
+
 def _never(ins: Instruction, at: IndexMap) -> bool:
     return False
 
