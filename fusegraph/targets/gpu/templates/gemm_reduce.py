@@ -28,8 +28,8 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_store
 from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_source import KernelSource, cdiv
-from fusegraph.targets.gpu.kernel_writer import Index, KernelWriter, Tile, var
-from fusegraph.targets.gpu.scalar_ops import fold_across
+from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, Index, KernelWriter, Tile, var
+from fusegraph.targets.gpu.scalar_ops import compute_type, fold_across
 
 
 def run_length(module: Module) -> int:
@@ -211,7 +211,11 @@ def emit_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index
     values = {id(r.inputs[1].inputs[0]): r.inputs[1].inputs[0] for r in rets}
     if len(values) != 1:
         raise CodegenError("row statistics of two values in one epilogue; one rendezvous serves one")
-    x = w.value(next(iter(values.values())), te, out_index)
+    value = next(iter(values.values()))
+    x = w.value(value, te, out_index)
+    stored = value.shape.dtype
+    if compute_type(stored) != stored:  # the rows as stored, which is what the norm's readers read
+        x = f"{x}.to({TRITON_TYPES[stored]}).to({TRITON_TYPES[compute_type(stored)]})"
     valid = te.conjunction(te.mask_for(te.dims))
     v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [BM, BN]), 0.0)")
     with w.block("if owner:"):  # under split-k, the tile's last program: the one holding the sums
