@@ -37,10 +37,13 @@ class Literal(Op):
     name = "@literal"
     kind = OpKind.LITERAL
 
-    def __init__(self, value: np.ndarray) -> None:
+    def __init__(self, value: np.ndarray, wide: np.ndarray | None = None) -> None:
         super().__init__()
         self.value = np.ascontiguousarray(value).reshape(np.shape(value))  # keeps 0-d values 0-d
         self.value.setflags(write=False)
+        # the float32 values a half-precision literal was narrowed from (`passes/to_half.py`): folds
+        # that compute new weights from it (a layernorm's scale into a product's weights) round once
+        self.wide = wide
 
     def __str__(self) -> str:
         v = self.value

@@ -61,7 +61,7 @@ def _affine(ln: Instruction) -> tuple[np.ndarray, np.ndarray] | None:
     rank, k = ln.shape.ndim, ln.shape.lens[-1]
     if len(ln.inputs) != 3 or ln.op.attrs["axis"] != rank - 1:
         return None
-    gamma, beta = (_along_last_axis(broadcast_literal(p), k) for p in ln.inputs[1:])
+    gamma, beta = (_along_last_axis(broadcast_literal(p, wide=True), k) for p in ln.inputs[1:])
     return (gamma, beta) if gamma is not None and beta is not None else None
 
 
@@ -82,7 +82,7 @@ def _bias_add(module: Module, product: Instruction) -> tuple[Instruction, np.nda
         return product, None
     add = readers[0]
     other = add.inputs[1] if add.inputs[0] is product else add.inputs[0]
-    vector = _along_last_axis(broadcast_literal(other), product.shape.lens[-1])
+    vector = _along_last_axis(broadcast_literal(other, wide=True), product.shape.lens[-1])
     if vector is None or other is product or len(broadcast_literal(other).shape) != product.shape.ndim:
         return product, None
     return add, vector
@@ -148,7 +148,8 @@ class FoldNormAffine:
         `_weights`: the literal and its value) scaled by gamma, plus the bias beta W; a centered
         norm's weights stored with columns that sum to zero."""
         lit, w = literal
-        wide = w.astype(np.float64)
+        exact = broadcast_literal(product.inputs[1], wide=True)  # the float32 weights a half program narrowed
+        wide = (exact if exact is not None and exact.shape == w.shape else w).astype(np.float64)
         scaled = gamma.astype(np.float64)[:, None] * wide
         if norm.op.center and DType.from_numpy(w.dtype).is_float:
             stored = zero_sum_columns(scaled, w.dtype)

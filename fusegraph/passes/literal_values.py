@@ -12,14 +12,18 @@ from fusegraph.ir.program import Instruction
 from fusegraph.ops.base import is_literal
 
 
-def broadcast_literal(ins: Instruction) -> np.ndarray | None:
-    """The value of a literal seen through its broadcast, at the broadcast's rank (size-1 dims kept)."""
+def broadcast_literal(ins: Instruction, wide: bool = False) -> np.ndarray | None:
+    """The value of a literal seen through its broadcast, at the broadcast's rank (size-1 dims
+    kept); with `wide`, the float32 values a half-precision literal was narrowed from, where it
+    keeps them (`Literal.wide`), for a fold that computes new weights from them."""
     rank = ins.shape.ndim
     while ins.op.broadcasts:
         ins = ins.inputs[0]
     if not is_literal(ins):
         return None
     v = ins.op.value  # type: ignore[attr-defined]
+    if wide and ins.op.wide is not None:  # type: ignore[attr-defined]
+        v = ins.op.wide  # type: ignore[attr-defined]
     return v.reshape((1,) * (rank - v.ndim) + v.shape)
 
 

@@ -31,7 +31,7 @@ class ToHalf:
                 ins.shape = ins.shape.with_dtype(self.dtype)
                 changed = True
             elif isinstance(op, Literal) and op.value.dtype == np.float32:
-                ins.op = Literal(self.narrowed(op.value))
+                ins.op = Literal(self.narrowed(op.value), wide=op.value)
                 ins.shape = ins.op.compute_shape([])
                 changed = True
             elif isinstance(op, Convert) and op.attrs["target"] == DType.float32:

@@ -107,3 +107,33 @@ def test_a_float32_mask_fill_stays_finite_in_half():
         keep = np.array([1, 0, 1, 0], np.float32).astype(dtype.numpy)
         out = api.run(p, {"keep": keep})["y"].astype(np.float64)
         assert not np.isnan(out).any() and list(out) == [0, -top, 0, -top]
+
+
+def test_a_half_literal_keeps_its_float32_values_for_folds():
+    """A layernorm's scale folded into a half program's weights is computed from the float32
+    weights and scale the half ones were narrowed from (`Literal.wide`), so the folded weights
+    are rounded once: exactly what zero_sum_columns makes of gamma * W in float64."""
+    from onnx import helper
+
+    from fusegraph import parse_onnx
+    from fusegraph.ir.zero_sum_columns import zero_sum_columns
+    from fusegraph.passes.literal_values import broadcast_literal
+    from fusegraph.passes.manager import run_passes
+    from fusegraph.passes.pipeline import canonicalize_passes
+    from tests.helpers import make_model, rand
+
+    k, n = 48, 16
+    gamma, beta, w = 1 + 0.3 * rand(k, seed=1), rand(k, seed=2), rand(k, n, seed=3)
+    model = make_model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1),
+                        helper.make_node("MatMul", ["t", "w"], ["y"])], {"x": [1, 5, k]}, ["y"], {"g": gamma, "b": beta, "w": w})
+    p = parse_onnx(model)
+    ToHalf(DType.float16).apply(p.main)
+    (lit,) = [i for i in p.main if i.op.name == "@literal" and i.shape.lens[-2:] == (k, n)]
+    np.testing.assert_array_equal(lit.op.wide.reshape(k, n), w)  # kept beside the narrowed value
+    run_passes(p, canonicalize_passes())
+    (dot,) = [i for i in p.main if i.op.name == "dot"]
+    folded = broadcast_literal(dot.inputs[1]).reshape(k, n)
+    want = zero_sum_columns(gamma.astype(np.float64)[:, None] * w.astype(np.float64), np.float16)
+    np.testing.assert_array_equal(folded, want)
+    twice = zero_sum_columns(gamma.astype(np.float16).astype(np.float64)[:, None] * w.astype(np.float16), np.float16)
+    assert not np.array_equal(folded, twice)  # what folding the narrowed values gave
