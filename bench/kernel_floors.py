@@ -40,7 +40,7 @@ def kernel_costs(model: str, fp16: bool, batch: int | None = None) -> dict[str, 
 
     program = parse_onnx(model, batch=batch)
     if fp16:
-        ToHalf(DType.float16).apply(program.main)
+        ToHalf(DType.float16, keep_wide=True).apply(program.main)
     fuse(program)
     sources = program_kernels(program)
     out = {}

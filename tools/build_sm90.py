@@ -39,7 +39,7 @@ Job = tuple[KernelSource, list[DType]]
 def jobs_for(model: str, configs: int) -> list[Job]:
     """Each distinct fp16 kernel of `model` under its first `configs` candidates and first split-k one."""
     program = parse_onnx(model)
-    ToHalf(DType.float16).apply(program.main)
+    ToHalf(DType.float16, keep_wide=True).apply(program.main)
     fuse(program)
     plan = plan_program(program.main)
     jobs, seen = [], set()

@@ -40,7 +40,7 @@ def snapshot(name: str, half: bool, batch: int) -> str:
     model = zoo.load(name)
     program = api.parse_onnx(with_batch(model, batch) if batch != 1 else model)
     if half:
-        ToHalf(DType.float16).apply(program.main)
+        ToHalf(DType.float16, keep_wide=True).apply(program.main)
     api.fuse(program)
     copy_returned_views(program.main)
     parts = [str(program)]

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     model = fusegraph.zoo.load(args.model) if fusegraph.zoo.is_zoo_name(args.model) else onnx.load(args.model)
     program = fusegraph.parse_onnx(model)
     if not args.fp32:
-        ToHalf(DType.float16).apply(program.main)
+        ToHalf(DType.float16, keep_wide=True).apply(program.main)
     fusegraph.fuse(program)
     fused = [i for i in program.main if i.op.name == "fused"]
     print(f"triton {triton.__version__}, sm_90, per thread per k iteration: scalar / vector / cp.async loads")

@@ -379,7 +379,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         from fusegraph.ir.dtypes import DType
         from fusegraph.passes.to_half import ToHalf
 
-        ToHalf(DType.bfloat16 if args.bf16 else DType.float16).apply(program.main)
+        ToHalf(DType.bfloat16 if args.bf16 else DType.float16, keep_wide=True).apply(program.main)
     report = compile_program(program, trace=args.trace_passes, out=sys.stdout)
     if args.print:
         print(program, end="")

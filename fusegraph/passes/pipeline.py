@@ -32,6 +32,7 @@ from fusegraph.passes.pad_channel_groups import PadChannelGroups
 from fusegraph.passes.simplify_views import SimplifyViews
 from fusegraph.passes.sink_concat import SinkConcat
 from fusegraph.passes.space_to_depth import SpaceToDepth
+from fusegraph.passes.to_half import forget_wide_values
 
 
 def canonicalize_passes() -> list[Pass]:
@@ -49,7 +50,9 @@ def default_pipeline() -> list[Pass]:
 
 def fuse(program: Program, trace: bool = False, out: TextIO | None = None) -> PassReport:
     """Canonicalize and fuse `program` in place."""
-    return run_passes(program, default_pipeline(), trace, out)
+    report = run_passes(program, default_pipeline(), trace, out)
+    forget_wide_values(program.main)
+    return report
 
 
 def count_kernels(program: Program) -> int:

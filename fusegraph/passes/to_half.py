@@ -18,10 +18,14 @@ from fusegraph.ops.source import Literal, Param
 
 
 class ToHalf:
+    """`keep_wide`: each narrowed literal keeps its float32 values (`Literal.wide`) for the folds
+    of the fusion that follows (`fuse` forgets them after its passes, `forget_wide_values`)."""
+
     name = "to_half"
 
-    def __init__(self, dtype: DType = DType.float16) -> None:
+    def __init__(self, dtype: DType = DType.float16, keep_wide: bool = False) -> None:
         self.dtype = dtype
+        self.keep_wide = keep_wide
 
     def apply(self, module: Module) -> bool:
         changed = False
@@ -31,7 +35,7 @@ class ToHalf:
                 ins.shape = ins.shape.with_dtype(self.dtype)
                 changed = True
             elif isinstance(op, Literal) and op.value.dtype == np.float32:
-                ins.op = Literal(self.narrowed(op.value), wide=op.value)
+                ins.op = Literal(self.narrowed(op.value), wide=op.value if self.keep_wide else None)
                 ins.shape = ins.op.compute_shape([])
                 changed = True
             elif isinstance(op, Convert) and op.attrs["target"] == DType.float32:
@@ -49,3 +53,11 @@ class ToHalf:
         top = float(np.finfo(self.dtype.numpy).max) if self.dtype == DType.float16 else float(ml_dtypes.finfo(self.dtype.numpy).max)
         clamped = np.where(np.isfinite(value), np.clip(value, -top, top), value)
         return clamped.astype(self.dtype.numpy)
+
+
+def forget_wide_values(module: Module) -> None:
+    """Drop the float32 values half literals kept for the folds, once they have run: a compiled
+    half program holds its weights once, in the half type."""
+    for ins in module.instructions:
+        if isinstance(ins.op, Literal):
+            ins.op.wide = None

@@ -97,7 +97,7 @@ def _fused_copy(program: Program, fp16: bool, bf16: bool) -> Program:
         raise ValueError("half precision is applied before fusion: compile the unfused program")
     p = copy.deepcopy(program)
     if fp16 or bf16:
-        ToHalf(DType.bfloat16 if bf16 else DType.float16).apply(p.main)
+        ToHalf(DType.bfloat16 if bf16 else DType.float16, keep_wide=True).apply(p.main)
     if not _is_fused_program(p):
         fuse(p)
     copy_returned_views(p.main)
