@@ -42,12 +42,16 @@ def _channel_axis(anchor: Instruction) -> int:
 
 
 def _rescale(module: Module, anchor: Instruction, scale: np.ndarray) -> Instruction:
+    """The anchor with its weights times `scale` per output channel, computed from the float32
+    weights a half program narrowed where kept (`Literal.wide`), so they are rounded once."""
     weights, axis = _anchor_weights(anchor)  # type: ignore[misc]
     shape = [1] * weights.ndim
     shape[axis] = -1
     acc = np.float64
-    new_w = (weights.astype(acc) * scale.astype(acc).reshape(shape)).astype(weights.dtype)
     k = anchor.op.weight_input
+    exact = anchor.inputs[k].op.wide  # type: ignore[attr-defined]
+    source = exact if exact is not None and exact.shape == weights.shape else weights
+    new_w = (source.astype(acc) * scale.astype(acc).reshape(shape)).astype(weights.dtype)
     lit = make_literal(new_w, origin=anchor.inputs[k].origin)
     module.insert_before(anchor, lit)
     inputs = list(anchor.inputs)
@@ -97,7 +101,7 @@ class FoldIntoWeights:
         bias0 = None
         anchor = x
         if x.op.algebra == "sum" and _only_reader(users, x, module):
-            anchor, bias0 = x.inputs[0], broadcast_literal(x.inputs[1])
+            anchor, bias0 = x.inputs[0], broadcast_literal(x.inputs[1], wide=True)
             if bias0 is None:
                 return False
         if _anchor_weights(anchor) is None or not _only_reader(users, anchor, module):
@@ -105,7 +109,7 @@ class FoldIntoWeights:
         axis, channels = _channel_axis(anchor), anchor.shape.lens[_channel_axis(anchor)]
         if axis != 1:
             return False  # batch_norm normalizes axis 1
-        params = [per_channel(broadcast_literal(p), bn.shape.ndim, axis, channels) for p in bn.inputs[1:]]
+        params = [per_channel(broadcast_literal(p, wide=True), bn.shape.ndim, axis, channels) for p in bn.inputs[1:]]
         b0 = per_channel(bias0, bn.shape.ndim, axis, channels) if bias0 is not None else np.zeros(channels)
         if any(p is None for p in params) or b0 is None:
             return False
@@ -118,10 +122,10 @@ class FoldIntoWeights:
 
     def _fold_scale(self, module: Module, mul: Instruction, users: dict) -> bool:
         anchor, factor = mul.inputs
-        value = broadcast_literal(factor)
+        value = broadcast_literal(factor, wide=True)
         if value is None:
             anchor, factor = factor, anchor
-            value = broadcast_literal(factor)
+            value = broadcast_literal(factor, wide=True)
         if value is None or _anchor_weights(anchor) is None or not _only_reader(users, anchor, module):
             return False
         axis = _channel_axis(anchor)

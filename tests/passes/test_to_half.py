@@ -141,3 +141,29 @@ def test_a_half_literal_keeps_its_float32_values_for_folds():
     from fusegraph.passes.pipeline import fuse
     fuse(p)
     assert all(i.op.wide is None for i in p.main if i.op.name == "@literal")
+
+
+def test_a_batch_norm_folds_into_half_weights_from_their_float32_values():
+    """conv + BatchNormalization in a half program: the folded weights are the float32 weights
+    times the float32 factor, rounded once (not the rounded weights times the rounded factor)."""
+    from onnx import helper
+
+    from fusegraph import parse_onnx
+    from fusegraph.passes.literal_values import broadcast_literal
+    from fusegraph.passes.manager import run_passes
+    from fusegraph.passes.pipeline import canonicalize_passes
+    from tests.helpers import make_model, rand
+
+    c, m = 8, 16
+    w = rand(m, c, 3, 3, seed=1)
+    scale, bias, mean, var = 1 + 0.3 * rand(m, seed=2), rand(m, seed=3), rand(m, seed=4), 1 + np.abs(rand(m, seed=5))
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["t"], pads=[1, 1, 1, 1]),
+                        helper.make_node("BatchNormalization", ["t", "s", "b", "mu", "v"], ["y"], epsilon=1e-5)],
+                       {"x": [1, c, 20, 20]}, ["y"], {"w": w, "s": scale, "b": bias, "mu": mean, "v": var})
+    p = parse_onnx(model)
+    ToHalf(DType.float16, keep_wide=True).apply(p.main)
+    run_passes(p, canonicalize_passes())
+    (conv,) = [i for i in p.main if i.op.name == "convolution"]
+    factor = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + 1e-5)
+    want = (w.astype(np.float64) * factor[:, None, None, None]).astype(np.float16)
+    np.testing.assert_array_equal(broadcast_literal(conv.inputs[1]).reshape(want.shape), want)
