@@ -19,7 +19,12 @@ Where products alone read the norm and the prologue rule lets them normalize it 
 there, as measured. Where other readers need the normalized values, no product may compute it
 without storing it (measured slower), so the norm is deferred at any row count, as long as
 its input is an anchor's epilogue value whose kernel then takes the statistics too
-(`in_an_epilogue`): the norm's kernel is replaced by nothing.
+(`in_an_epilogue`): the norm's kernel is replaced by nothing. The same holds for a product that
+cannot scale its rows afterwards because its K walks several rows (a convolution after
+ConvNeXt's downsampling layernorm, `normalizes_on_read`) or that reads them through views it
+cannot normalize itself (Swin's window partitions at batch 2 and more): its kernel computes
+`(x - mean) * rstd`, and an affine the norm kept, in its A loads, as it computes a
+squeeze-and-excitation scale there.
 
 Precision: the products sum raw x instead of centered rows, so a row far from zero (a mean m, a
 spread s) leaves the float32 accumulator to carry `m * W` terms that cancel to nothing; its
@@ -27,9 +32,10 @@ rounding error grows by about m / s, which float32 absorbs for the rows transfor
 (m / s below 10^3 keeps it under 10^-4). The statistics are taken in float32 by two passes
 (Chan's combination across tiles in an epilogue), as the norm's kernel takes them.
 
-Applies to a layernorm (or RMS norm) over the last axis, with no affine left, that is not
-returned and whose readers are matrix products reading it directly as A along K, with
-literal weights whose columns sum to zero for a centered norm, and pointwise ops; and whose
+Applies to a layernorm (or RMS norm) over the last axis that is not returned and whose readers
+are matrix products reading it directly as A along K, with literal weights whose columns sum
+to zero for a centered norm (no affine left in the norm), other product anchors reading it as
+A, and pointwise ops; and whose
 input some kernel stores anyway (a transformer's residual stream, which the next residual
 add reads too, or a product's epilogue value): a pointwise input only the norm reads is
 computed inside the norm's kernel today, and deferred it would have to be stored for the
@@ -50,7 +56,7 @@ from fusegraph.ops.reduce import RowMean, RowRstd
 from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.fuse_anchors import part_anchor
 from fusegraph.passes.literal_values import broadcast_literal
-from fusegraph.passes.prologue_rule import norm_fits_product, norms_stored, reads_rows
+from fusegraph.passes.prologue_rule import norm_fits_product, norms_stored, reads_as_a, reads_rows
 from fusegraph.passes.rewrite import rewrite_each
 
 
@@ -74,25 +80,46 @@ def deferrable_reader(ln: Instruction, product: Instruction) -> bool:
 def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instruction]],
            product_ok: Callable[[Instruction], bool]) -> bool:
     """Whether layernorm `ln` (over its last axis, not returned) is deferred: every reader is a
-    matrix product that `product_ok` accepts or a pointwise op, at least one a product; with
-    products alone, not where they would normalize it themselves (`norm_fits_product`); and
-    its input is stored by some kernel anyway (`stored_anyway`). `fold_norm_affine` asks this
-    before folding (of products with literal weights), `DeferNorm` after (of products whose
-    folded weights make the identity hold)."""
+    matrix product that `product_ok` accepts, a product anchor that normalizes the rows as it
+    loads them (`normalizes_on_read`: a convolution) or a pointwise op, at least one an anchor;
+    with products alone, not where they would normalize it themselves (`norm_fits_product`);
+    and its input is stored by some kernel anyway (`stored_anyway`). `fold_norm_affine` asks
+    this before folding (of products with literal weights), `DeferNorm` after (of products
+    whose folded weights make the identity hold)."""
     setting = os.environ.get(DEFER_NORMS_ENV)
     if setting == "0" or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
         return False
     readers = users.get(ln, [])
-    products = [u for u in readers if u.op.kind == OpKind.ANCHOR]
-    others = [u for u in readers if u.op.kind != OpKind.ANCHOR]
-    if not products or any(u.op.kind != OpKind.POINTWISE for u in others) or not all(map(product_ok, products)):
+    products = [u for u in readers if u.op.kind == OpKind.ANCHOR and product_ok(u)]
+    loading = [u for u in readers if u not in products and normalizes_on_read(ln, u, module, users)]
+    pointwise = [u for u in readers if u.op.kind == OpKind.POINTWISE]
+    if len(products) + len(loading) + len(pointwise) != len(readers) or not (products or loading):
         return False
-    if not others and setting != "1" and any(norm_fits_product(ln, p) for p in products):
+    if not pointwise and not loading:
+        if setting != "1" and any(norm_fits_product(ln, p) for p in products):
+            return False
+        return stored_anyway(ln.inputs[0], ln, module, users)
+    # the others normalize as they read: only where the statistics cost no kernel of their own,
+    # and not where a product is asked to compute the norm and store it (`prologue_rule.STORE_NORMS_ENV`)
+    return not norms_stored() and in_an_epilogue(ln.inputs[0], ln, module)
+
+
+def normalizes_on_read(ln: Instruction, reader: Instruction, module: Module,
+                       users: dict[Instruction, list[Instruction]]) -> bool:
+    """Whether `reader` of `ln` (directly or through views nothing else reads) is a product
+    anchor reading it as A that would not normalize the rows itself (`norm_fits_product`):
+    a convolution after ConvNeXt's downsampling layernorm, whose K walks window taps as well as
+    channels, so no row scale can move past it. Given the statistics, `(x - mean) * rstd` is
+    two pointwise ops that its kernel computes in its A loads (`prologue_rule`), as it does
+    for a squeeze-and-excitation scale."""
+    x = reader
+    while view_input_map(x) is not None:
+        if x in module.returns or len(users.get(x, [])) != 1:
+            return False
+        x = users[x][0]
+    if x.op.kind != OpKind.ANCHOR or x.op.family != "gemm" or not reads_as_a(x, ln):
         return False
-    if others:  # they normalize as they read: only where the statistics cost no kernel of their own,
-        # and not where a product is asked to compute the norm and store it (`prologue_rule.STORE_NORMS_ENV`)
-        return not norms_stored() and in_an_epilogue(ln.inputs[0], ln, module)
-    return stored_anyway(ln.inputs[0], ln, module, users)
+    return not (reads_rows(x, ln) and norm_fits_product(ln, x))
 
 
 def stored_anyway(x: Instruction, ln: Instruction, module: Module, users: dict[Instruction, list[Instruction]]) -> bool:
@@ -123,20 +150,25 @@ class DeferNorm:
 
     def apply(self, module: Module) -> bool:
         def defer(ln: Instruction) -> bool:
-            if ln.op.algorithm != "layernorm" or len(ln.inputs) != 1:
+            if ln.op.algorithm != "layernorm" or len(ln.inputs) not in (1, 3):
                 return False
             users = module.users()
-            if not defers(module, ln, users, lambda p: deferrable_reader(ln, p)):
+
+            def scales_rows(p: Instruction) -> bool:  # not where the norm kept its affine
+                return len(ln.inputs) == 1 and deferrable_reader(ln, p)
+
+            if not defers(module, ln, users, scales_rows):
                 return False
             x, readers = ln.inputs[0], users[ln]
             axis, origin = ln.op.attrs["axis"], ln.origin
             rstd = module.insert_before(ln, module.make(RowRstd(axis, ln.op.attrs["epsilon"], ln.op.center), [x], origin))
-            others = [u for u in readers if u.op.kind != OpKind.ANCHOR]
+            products = [u for u in readers if u.op.kind == OpKind.ANCHOR and scales_rows(u)]
+            others = [u for u in readers if u not in products]
             if others:
                 normalized = self._normalized(module, ln, rstd)
                 for u in others:
                     u.inputs = [normalized if i is ln else i for i in u.inputs]
-            for product in dict.fromkeys(u for u in readers if u.op.kind == OpKind.ANCHOR):  # one reading it twice: once
+            for product in dict.fromkeys(products):  # one reading it twice: once
                 self._scale_rows(module, product, x, rstd)
             return True
 
@@ -144,7 +176,8 @@ class DeferNorm:
 
     @staticmethod
     def _normalized(module: Module, ln: Instruction, rstd: Instruction) -> Instruction:
-        """`(x - mean) * rstd` (x * rstd for an RMS norm) in x's type, the statistics converted:
+        """`(x - mean) * rstd` (x * rstd for an RMS norm; times gamma plus beta for a norm that
+        kept its affine) in x's type, the statistics converted:
         pointwise ops that the kernels of the norm's other readers compute as they read (a
         kernel computes half types in float32, so nothing is rounded there). No op reads x
         with operands that x's own kernel could compute, so that kernel stores x alone."""
@@ -158,7 +191,10 @@ class DeferNorm:
             return wide if stat.shape.dtype == x.shape.dtype else add(make_op("convert", target=x.shape.dtype), [wide])
 
         centered = add(make_op("sub"), [x, per_row(add(RowMean(ln.op.attrs["axis"]), [x]))]) if ln.op.center else x
-        return add(make_op("mul"), [centered, per_row(rstd)])
+        normalized = add(make_op("mul"), [centered, per_row(rstd)])
+        if len(ln.inputs) == 3:  # the affine, gamma and beta broadcast to x's shape
+            normalized = add(make_op("add"), [add(make_op("mul"), [normalized, ln.inputs[1]]), ln.inputs[2]])
+        return normalized
 
     @staticmethod
     def _scale_rows(module: Module, product: Instruction, x: Instruction, rstd: Instruction) -> None:

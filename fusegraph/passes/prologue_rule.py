@@ -198,7 +198,7 @@ class PrologueRule:
         readers, ops = self.readers(ins), pointwise_ops(ins)
         if readers is None or ops * self.reads > RECOMPUTE_BUDGET:
             return False
-        return all(id(u) in self.inside or _reads_as_a(u, ins) and ops * reads_per_element(u) <= RECOMPUTE_BUDGET
+        return all(id(u) in self.inside or reads_as_a(u, ins) and ops * reads_per_element(u) <= RECOMPUTE_BUDGET
                    for u in readers)
 
     def normalizes_k(self, ln: Instruction, at: IndexMap) -> bool:
@@ -247,10 +247,10 @@ def keeps_last_axis(at: IndexMap, k: int) -> bool:
 def reads_rows(product: Instruction, x: Instruction) -> bool:
     """Whether `product` is a matrix product reading `x` as its A (directly or through views),
     summing along x's last axis."""
-    return product.op.k_is_last_axis and _reads_as_a(product, x)
+    return product.op.k_is_last_axis and reads_as_a(product, x)
 
 
-def _reads_as_a(product: Instruction, x: Instruction) -> bool:
+def reads_as_a(product: Instruction, x: Instruction) -> bool:
     """Whether `product` is a product anchor whose first input is `x` or a view chain of it."""
     if product.op.kind != OpKind.ANCHOR or product.op.family != "gemm":
         return False

@@ -10,7 +10,8 @@ import pytest
 from fusegraph import api, parse_onnx
 from tests.gpu.test_gpu_kernels import TOL, check_gpu
 from tests.helpers import rel_err
-from tests.passes.test_defer_norm import K, ROWS, _norm_then_products, _shifted_rows, post_norm_block, residual_block
+from tests.passes.test_defer_norm import (K, ROWS, _norm_then_products, _shifted_rows, norm_then_conv, post_norm_block,
+                                         residual_block)
 
 FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 
@@ -83,3 +84,13 @@ def test_row_statistics_under_split_k():
             compiled.poison()
             got = compiled.run({"x": x})["y"]
             assert not np.isnan(got).any() and rel_err(got, api.run(program, {"x": x})["y"]) < TOL, config
+
+
+@pytest.mark.parametrize("kernel,stride,pad", [(2, 2, 0), (3, 1, 1)])
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_convolution_normalizing_in_its_loads(kernel, stride, pad, fp16):
+    """ConvNeXt's downsampling layernorm: the statistics in the epilogue of the product writing
+    the rows, the normalization (affine kept) in the convolution's A loads, zero in its padding."""
+    compiled = check_gpu(norm_then_conv(kernel, stride, pad), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert [k.src.template for k in compiled.kernels] == ["gemm", "gemm"]
+    assert compiled.kernels[0].src.parts is not None

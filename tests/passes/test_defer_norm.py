@@ -228,3 +228,45 @@ def test_the_setting_turns_deferral_off_or_on_where_the_product_would_normalize(
     fuse(after)
     assert "row_rstd" in _kernels(after) and not any("layernorm" in k for k in _kernels(after))
     assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def norm_then_conv(kernel: int = 2, stride: int = 2, pad: int = 0, side: int = 8, k: int = 320):
+    """ConvNeXt's downsampling: h = x W + c + x over channels-last pixels, layernorm(h) over
+    the channels (its affine kept), back to channels-first, and a convolution (2x2 of stride
+    2, or 3x3 padded: the normalized value must be zero in the padding, not beta)."""
+    nodes = [node("MatMul", ["x", "w1"], ["m1"]), node("Add", ["m1", "c1"], ["a"]), node("Add", ["a", "x"], ["h"]),
+             node("LayerNormalization", ["h", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
+             node("Transpose", ["n"], ["t"], perm=[0, 3, 1, 2]),
+             node("Conv", ["t", "wc", "cc"], ["y"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                  pads=[pad] * 4)]
+    return make_model(nodes, {"x": [1, side, side, k]}, ["y"],
+                      {"w1": rand(k, k, seed=1, scale=0.1), "c1": rand(k, seed=2), "g": 1 + 0.1 * rand(k, seed=3),
+                       "b": rand(k, seed=4), "wc": rand(16, k, kernel, kernel, seed=5, scale=0.05), "cc": rand(16, seed=6)})
+
+
+@pytest.mark.parametrize("kernel,stride,pad", [(2, 2, 0), (3, 1, 1)])
+def test_a_norm_read_by_a_convolution_is_normalized_in_its_loads(kernel, stride, pad):
+    """The norm's own kernel is gone: the product writing h stores its rows' mean and 1 / std
+    too, and the convolution computes (h - mean) * rstd * g + b in its A loads, zero in the
+    padding (a row scale cannot move past a window, whose K spans several pixels)."""
+    model = norm_then_conv(kernel, stride, pad)
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    first, second = [i for i in after.main if i.op.name == "fused"]
+    assert first.op.attrs["kernel"] == "dot_add_row_rstd_row_mean"
+    inner = op_names(second.op.module)
+    assert "convolution" in inner and "layernorm" not in inner and {"sub", "mul", "add"} <= set(inner)
+    assert first in second.inputs
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_norm_read_by_a_convolution_keeps_its_kernel_where_its_input_is_no_epilogue_value():
+    """x a program input: the statistics would need a kernel of their own, so the norm keeps its."""
+    nodes = [node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
+             node("Transpose", ["n"], ["t"], perm=[0, 3, 1, 2]),
+             node("Conv", ["t", "wc"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    model = make_model(nodes, {"x": [1, 8, 8, K]}, ["y"], {"g": 1 + 0.1 * rand(K, seed=3), "b": rand(K, seed=4),
+                                                            "wc": rand(16, K, 2, 2, seed=5, scale=0.05)})
+    after = parse_onnx(model)
+    fuse(after)
+    assert "row_rstd" not in op_names(after.main) and any("layernorm" in k for k in _kernels(after))
