@@ -49,6 +49,10 @@ for s in $steps; do
     perf_dw) for m in ${PERF_MODELS:-convnext_tiny efficientnet_b1}; do
                step perf_$m timeout 120 $py -m fusegraph.driver.cli perf $m --fp16
                step floors_$m timeout 60 $py bench/kernel_floors.py "$out/perf_$m.log" --model $m; done ;;
+    profiles) for mb in ${PROFILES:-convnext_tiny:1 bert_base:32}; do  # MODEL:BATCH, a per-kernel table against floors each
+               m=${mb%%:*}; b=${mb##*:}
+               step perf_${m}_b$b timeout 150 $py -m fusegraph.driver.cli perf $m --batch $b --fp16 --configs
+               step floors_${m}_b$b timeout 60 $py bench/kernel_floors.py "$out/perf_${m}_b$b.log" --model $m --batch $b --fp16; done ;;
     cold_compile) for m in ${COLD_MODELS:-bert_base efficientnet_b1 yolov8s}; do  # empty caches: what a first compile costs
                step cold_$m timeout 150 env FUSEGRAPH_CACHE_DIR=/tmp/fgc-cold-$m-$$ TRITON_CACHE_DIR=/tmp/tc-cold-$m-$$ $py -m fusegraph.driver.cli perf $m --fp16; done ;;
     defer_ab) step defer_ab timeout ${MODELS_S:-420} $py bench/models.py --batches 1,32 --models ${MODELS:-bert_base,vit_small_patch16_224} --modes fusegraph,fusegraph-nodefer,compile --name models-defer-ab --budget-s $(( ${MODELS_S:-420} - 20 )) ;;  # deferred layernorms against the kernels before them
