@@ -94,3 +94,16 @@ def test_a_convolution_normalizing_in_its_loads(kernel, stride, pad, fp16):
     compiled = check_gpu(norm_then_conv(kernel, stride, pad), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
     assert [k.src.template for k in compiled.kernels] == ["gemm", "gemm"]
     assert compiled.kernels[0].src.parts is not None
+
+
+def test_a_computed_a_counts_every_tile_it_loads_against_shared_memory():
+    """The normalizing convolution loads x, its mean and 1 / std, gamma and beta per element of
+    A: every candidate config keeps that many [BM, BK] tiles in flight within the block's shared
+    memory (64x16x64 at 4 stages took 274432 bytes in float32 on an H200, past its 232448)."""
+    from fusegraph.targets.gpu.templates.gemm_configs import pipeline_budget, pipeline_bytes
+
+    compiled = api.compile(parse_onnx(norm_then_conv(3, 1, 1)), "gpu", tune=False)
+    conv = compiled.kernels[1].src
+    assert all(pipeline_bytes(c, 4, 5 * 4) <= pipeline_budget() for c in conv.configs)
+    assert any(pipeline_bytes(c, 4) <= pipeline_budget() < pipeline_bytes(c, 4, 5 * 4)
+               for c in api.compile(parse_onnx(residual_block()), "gpu", tune=False).kernels[1].src.configs)

@@ -53,26 +53,28 @@ def pipeline_budget() -> int:
     return current_device().shared_bytes_per_block - EPILOGUE_SHARED_BYTES
 
 
-def pipeline_bytes(config: Config, itemsize: int) -> int:
+def pipeline_bytes(config: Config, itemsize: int, a_bytes: int = 0) -> int:
     """Shared memory of the operand tiles Triton keeps in flight, counted as num_stages copies
     of the A and B tiles: Triton 3.6 takes 196608 bytes for BM 64, BN 128, BK 128 and 4 stages
     in fp16 (four copies) and 147456 for 128x256x64 with 3 stages (three), on sm_90 with the
-    launcher's 16-byte aligned pointers."""
-    tiles = config["BM"] * config["BK"] + config["BK"] * config["BN"]
-    return config["num_stages"] * tiles * itemsize
+    launcher's 16-byte aligned pointers. `a_bytes`: the bytes an element of A's tile loads, when
+    A is computed from several loaded tensors (each a [BM, BK] tile in flight: a convolution
+    normalizing its input as it loads it took 274432 bytes at 64x16x64, 4 stages, in float32)."""
+    return config["num_stages"] * (config["BM"] * config["BK"] * (a_bytes or itemsize) + config["BK"] * config["BN"] * itemsize)
 
 
-def gemm_configs(spec: GemmSpec, dtype: DType, tile: int, pieces: bool) -> tuple[list[Config], int]:
+def gemm_configs(spec: GemmSpec, dtype: DType, tile: int, pieces: bool, a_bytes: int = 0) -> tuple[list[Config], int]:
     """The candidate configs of a product and how many of them the default tune times (0: the
     usual DEFAULT_TUNE_CONFIGS). `tile` is the period tile's width (0 without a period);
-    `pieces`: the kernel can also compute a period tile as two narrower products."""
+    `pieces`: the kernel can also compute a period tile as two narrower products; `a_bytes`:
+    what an element of a computed A loads (`pipeline_bytes`)."""
     configs = _configs(spec)
     if dtype == DType.float64:  # small tiles for the summed products; the split-k workspace is float32
         configs = [{"BM": 16, "BN": 16, "BK": 16, "SPLIT": 1, "num_warps": 4, "num_stages": 1}]
     if tile:
         configs = _period_configs(spec, tile) + [{**c, "BN": tile} for c in configs]
         configs = [c for k, c in enumerate(configs) if c not in configs[:k]]
-    configs = _fitting(configs, dtype.itemsize)
+    configs = _fitting(configs, dtype.itemsize, a_bytes)
     # a head times one candidate more than other kernels: its four period candidates come ahead
     # of the general list, of which it then still times three
     default_tune = DEFAULT_TUNE_CONFIGS + 1 if tile else TINY_TUNE if spec.flops < TINY_FLOPS else 0
@@ -83,12 +85,12 @@ def gemm_configs(spec: GemmSpec, dtype: DType, tile: int, pieces: bool) -> tuple
     return configs, default_tune
 
 
-def _fitting(configs: list[Config], itemsize: int) -> list[Config]:
+def _fitting(configs: list[Config], itemsize: int, a_bytes: int = 0) -> list[Config]:
     """The configs whose pipeline fits in shared memory (the smallest one if none does): the
     candidate lists are written for 2-byte operands, and a float32 product doubles the bytes."""
     budget = pipeline_budget()
-    fits = [c for c in configs if pipeline_bytes(c, itemsize) <= budget]
-    return fits or [min(configs, key=lambda c: pipeline_bytes(c, itemsize))]
+    fits = [c for c in configs if pipeline_bytes(c, itemsize, a_bytes) <= budget]
+    return fits or [min(configs, key=lambda c: pipeline_bytes(c, itemsize, a_bytes))]
 
 
 def _period_configs(spec: GemmSpec, tile: int) -> list[Config]:

@@ -132,6 +132,16 @@ class GemmEmitter:
             raise CodegenError(f"the epilogue of {self.kernel} reads the {self.anchor.op.name} at another index")
         return self.acc_of[id(tile)]
 
+    def a_bytes(self) -> int:
+        """What an element of A's tile loads when A is computed from loaded tensors without a
+        norm of its own (a scale, a normalization from stored statistics): every such load is
+        a tile in flight. 0 for a plain A or a prologue layernorm, whose tiles the usual count
+        covers."""
+        if self.a_plain or self.norms:
+            return 0
+        inside = computed_from(self.a_in)
+        return sum(x.shape.dtype.itemsize for x in self.module if is_load(x) and id(x) in inside)
+
     def body(self, period: int, tile: int) -> bool:
         """The whole kernel body; with a channel period the N tile is one period of width `tile`.
         Returns whether the kernel has the PIECES choice (the period's columns as two narrower
