@@ -12,7 +12,9 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   programmatic dependent launch (FUSEGRAPH_DEPENDENT_LAUNCH=0 or 1; fusegraph's default builds
   the short kernels so on sm_90 and later); fusegraph-nodefer, fusegraph-defer: with no
   layernorm deferred past its products, or every one that can be (FUSEGRAPH_DEFER_NORMS=0 or
-  1, passes/defer_norm.py); not in the default modes;
+  1, passes/defer_norm.py); fusegraph-stats-apart: the deferred norms' row statistics in
+  kernels of their own instead of the epilogues of the products writing the rows
+  (FUSEGRAPH_JOIN_ROW_STATS=0); not in the default modes;
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -57,9 +59,10 @@ from bench.yolov5s import with_batch
 from fusegraph.driver.inputs import input_ranges
 from fusegraph.driver.perf import compile_phase_lines
 from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
+from fusegraph.passes.reduction_epilogue import JOIN_ROW_STATS_ENV
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 
-MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-nodefer", "fusegraph-defer", "eager", "compile", "max-autotune")
+MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-nodefer", "fusegraph-defer", "fusegraph-stats-apart", "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -150,7 +153,8 @@ def fp32_reference(case: Case) -> torch.Tensor:
 # the fusegraph contenders and their settings while they compile ("": the default)
 FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: ""},
                    "fusegraph-plain": {DEPENDENT_LAUNCH_ENV: "0"}, "fusegraph-pdl": {DEPENDENT_LAUNCH_ENV: "1"},
-                   "fusegraph-nodefer": {DEFER_NORMS_ENV: "0"}, "fusegraph-defer": {DEFER_NORMS_ENV: "1"}}
+                   "fusegraph-nodefer": {DEFER_NORMS_ENV: "0"}, "fusegraph-defer": {DEFER_NORMS_ENV: "1"},
+                   "fusegraph-stats-apart": {DEFER_NORMS_ENV: "", JOIN_ROW_STATS_ENV: "0"}}
 
 
 def run_fusegraph(case: Case, iters: int, mode: str = "fusegraph") -> Row:

@@ -56,7 +56,8 @@ for s in $steps; do
     cold_compile) for m in ${COLD_MODELS:-bert_base efficientnet_b1 yolov8s}; do  # empty caches: what a first compile costs
                step cold_$m timeout 150 env FUSEGRAPH_CACHE_DIR=/tmp/fgc-cold-$m-$$ TRITON_CACHE_DIR=/tmp/tc-cold-$m-$$ $py -m fusegraph.driver.cli perf $m --fp16; done ;;
     defer_ab) step defer_ab timeout ${MODELS_S:-420} $py bench/models.py --batches 1,32 --models ${MODELS:-bert_base,vit_small_patch16_224} --modes fusegraph,fusegraph-nodefer,compile --name models-defer-ab --budget-s $(( ${MODELS_S:-420} - 20 )) ;;  # deferred layernorms against the kernels before them
-    models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) ;;
+    models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) --name ${MODEL_NAME:-models} ;;
+    defer_tests) step defer_tests timeout 120 $py -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_defer_norm.py ;;
     gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;
     gemm_gelu) step gemm_gelu timeout 90 $py bench/gemm.py --gelu --shapes b32 ;;
     gemm_tma) step gemm_tma timeout 150 env FUSEGRAPH_TMA=1 $py bench/gemm.py --shapes b32 --name gemm-tma ;;

@@ -31,9 +31,14 @@ epilogue when the reduced axis is exactly the product's output channels, whateve
 count: each column tile takes its part and the last to arrive combines them
 (`epilogue_row_stat`, only stored, like `epilogue_sum`; both statistics of one value share
 the rendezvous). A transformer's residual stream then costs no kernel between its products.
+`FUSEGRAPH_JOIN_ROW_STATS=0` keeps them apart, a small reduction kernel each, to measure the
+rendezvous (a counter per row block that every column tile's program waits on at its end)
+against.
 """
 
 from __future__ import annotations
+
+import os
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Const, Var, free_vars, substitute
@@ -137,12 +142,17 @@ def segment_fold(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: 
     return [Piece(IndexMap(p.map.out_vars, kept, ins.shape.lens), (), value)]
 
 
+JOIN_ROW_STATS_ENV = "FUSEGRAPH_JOIN_ROW_STATS"  # "0": row statistics keep kernels of their own
+
+
 def row_statistics(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
     """The pieces of `row_rstd` or `row_mean` `ins` over its last axis when that axis is exactly
     a matrix product's output channels (each row of `ins`'s input one row of the product,
     whole), or None. The column tiles each add their part, so it is only stored
     (`EpilogueRowStat`)."""
     if ins.op.algorithm != "row_stat" or not gemm_template(anchor) or not anchor.op.k_is_last_axis:
+        return None
+    if os.environ.get(JOIN_ROW_STATS_ENV) == "0":
         return None
     if anchor.op.attrs.get("group", 1) != 1 or len(pieces) != 1 or pieces[0].domain:
         return None  # (a shifted window's parts each hold some rows: not yet)
