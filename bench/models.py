@@ -10,11 +10,11 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   is printed and tabled;
 * fusegraph-plain, fusegraph-pdl: the same with no kernel, or every kernel, built for
   programmatic dependent launch (FUSEGRAPH_DEPENDENT_LAUNCH=0 or 1; fusegraph's default builds
-  the short kernels so on sm_90 and later); fusegraph-nodefer, fusegraph-defer: with no
-  layernorm deferred past its products, or every one that can be (FUSEGRAPH_DEFER_NORMS=0 or
-  1, passes/defer_norm.py); fusegraph-stats-apart: the deferred norms' row statistics in
-  kernels of their own instead of the epilogues of the products writing the rows
-  (FUSEGRAPH_JOIN_ROW_STATS=0); not in the default modes;
+  the short kernels so on sm_90 and later); fusegraph-defer, fusegraph-defer-all: layernorms
+  deferred past their products by the rule, or every one that can be (FUSEGRAPH_DEFER_NORMS=1
+  or all, passes/defer_norm.py; off by default); fusegraph-stats-apart: deferred by the rule,
+  their row statistics in kernels of their own instead of the epilogues of the products
+  writing the rows (FUSEGRAPH_JOIN_ROW_STATS=0); not in the default modes;
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -62,7 +62,8 @@ from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
 from fusegraph.passes.reduction_epilogue import JOIN_ROW_STATS_ENV
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 
-MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-nodefer", "fusegraph-defer", "fusegraph-stats-apart", "eager", "compile", "max-autotune")
+MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-defer", "fusegraph-defer-all", "fusegraph-stats-apart",
+         "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -153,8 +154,8 @@ def fp32_reference(case: Case) -> torch.Tensor:
 # the fusegraph contenders and their settings while they compile ("": the default)
 FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: ""},
                    "fusegraph-plain": {DEPENDENT_LAUNCH_ENV: "0"}, "fusegraph-pdl": {DEPENDENT_LAUNCH_ENV: "1"},
-                   "fusegraph-nodefer": {DEFER_NORMS_ENV: "0"}, "fusegraph-defer": {DEFER_NORMS_ENV: "1"},
-                   "fusegraph-stats-apart": {DEFER_NORMS_ENV: "", JOIN_ROW_STATS_ENV: "0"}}
+                   "fusegraph-defer": {DEFER_NORMS_ENV: "1"}, "fusegraph-defer-all": {DEFER_NORMS_ENV: "all"},
+                   "fusegraph-stats-apart": {DEFER_NORMS_ENV: "1", JOIN_ROW_STATS_ENV: "0"}}
 
 
 def run_fusegraph(case: Case, iters: int, mode: str = "fusegraph") -> Row:

@@ -22,6 +22,7 @@ from fusegraph.passes import pipeline
 from fusegraph.saved_program import container, expr_json
 from fusegraph.saved_program.program_json import program_from_json, program_to_json
 from tests.helpers import conv_silu_add_model, fresh_inputs, make_model
+from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
 from tests.passes.test_defer_norm import post_norm_block
 
 
@@ -52,6 +53,7 @@ def _no_fusion(*args, **kwargs):
 @pytest.mark.parametrize("make, fp16", [(concat_roll_model, False), (lambda: conv_silu_add_model(21), True),
                                         (post_norm_block, True)])  # (a deferred norm's statistics in an epilogue)
 def test_a_gpu_program_loads_its_fused_program_without_fusing(make, fp16, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(DEFER_NORMS_ENV, "1")  # (off by default)
     program = fusegraph.parse_onnx(make())
     compiled = fusegraph.compile(program, "gpu", fp16=fp16, tune=False)
     fusegraph.save(compiled, tmp_path / "g.fgx")

@@ -14,6 +14,9 @@ the product that writes x (`reduction_epilogue.row_statistics`) or are a small r
 kernel. The norm's kernel, which read x and wrote the normalized tensor for the products to
 read back, is gone, and the products' A is a plain load.
 
+Off unless `FUSEGRAPH_DEFER_NORMS=1` (`DEFER_NORMS_ENV`): with fewer kernels, the deferred
+programs still measured slower on an H200, so the pass stays for measuring and for where it wins.
+
 Where products alone read the norm and the prologue rule lets them normalize it themselves
 (`prologue_rule.norm_fits_product`: few rows or short ones, ViT-S/16 at batch 1), it stays
 there, as measured. Where other readers need the normalized values, no product may compute it
@@ -60,9 +63,11 @@ from fusegraph.passes.prologue_rule import norm_fits_product, norms_stored, read
 from fusegraph.passes.rewrite import rewrite_each
 
 
-# "0": no norm is deferred (the kernels as before this pass, for measuring against); "1": also
-# where the products would normalize the rows themselves (few or short rows: ViT-S/16 at batch
-# 1), to measure that choice; unset: the rule below.
+# Unset or "0": no norm is deferred, the default: on an H200 (fp16, bench/results/models-defer-ab.md)
+# the deferred kernels measured slower everywhere, BERT-base 0.389 against 0.358 ms at batch 1
+# and 2.049 against 1.839 at batch 32, ViT-S/16 1.145 against 1.101 at batch 32, though they
+# were 23 fewer. "1": the rule below; "all": also where the products would normalize the rows
+# themselves (few or short rows: ViT-S/16 at batch 1).
 DEFER_NORMS_ENV = "FUSEGRAPH_DEFER_NORMS"
 
 
@@ -86,8 +91,8 @@ def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instru
     and its input is stored by some kernel anyway (`stored_anyway`). `fold_norm_affine` asks
     this before folding (of products with literal weights), `DeferNorm` after (of products
     whose folded weights make the identity hold)."""
-    setting = os.environ.get(DEFER_NORMS_ENV)
-    if setting == "0" or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
+    setting = os.environ.get(DEFER_NORMS_ENV, "0")
+    if setting not in ("1", "all") or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
         return False
     readers = users.get(ln, [])
     products = [u for u in readers if u.op.kind == OpKind.ANCHOR and product_ok(u)]
@@ -96,7 +101,7 @@ def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instru
     if len(products) + len(loading) + len(pointwise) != len(readers) or not (products or loading):
         return False
     if not pointwise and not loading:
-        if setting != "1" and any(norm_fits_product(ln, p) for p in products):
+        if setting != "all" and any(norm_fits_product(ln, p) for p in products):
             return False
         return stored_anyway(ln.inputs[0], ln, module, users)
     # the others normalize as they read: only where the statistics cost no kernel of their own,

@@ -16,6 +16,13 @@ from tests.passes.test_defer_norm import (K, ROWS, _norm_then_products, _shifted
 FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 
 
+@pytest.fixture(autouse=True)
+def deferring(monkeypatch):
+    """The pass is off by default (`DEFER_NORMS_ENV`): these tests turn it on."""
+    from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
+    monkeypatch.setenv(DEFER_NORMS_ENV, "1")
+
+
 @pytest.mark.parametrize("norm", ["LayerNormalization", "RMSNormalization"])
 @pytest.mark.parametrize("fp16", [False, True])
 def test_row_statistics_then_a_product_of_the_raw_rows(norm, fp16):

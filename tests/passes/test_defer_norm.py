@@ -25,6 +25,13 @@ ROWS, K = NORM_PROLOGUE_MAX_ROWS + 44, NORM_PROLOGUE_ANY_ROWS_K + 16  # past wha
 TOLERANCE = 1e-5  # the rows summed raw, then scaled: float32 rounding of a different order
 
 
+@pytest.fixture(autouse=True)
+def deferring(monkeypatch):
+    """The pass is off by default (`DEFER_NORMS_ENV`): these tests turn it on."""
+    from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
+    monkeypatch.setenv(DEFER_NORMS_ENV, "1")
+
+
 def node(op, ins, outs, **attrs):
     return helper.make_node(op, ins, outs, **attrs)
 
@@ -214,15 +221,19 @@ def test_a_post_norm_is_deferred_at_any_row_count_and_its_residual_normalizes_as
 
 
 def test_the_setting_turns_deferral_off_or_on_where_the_product_would_normalize(monkeypatch):
-    """FUSEGRAPH_DEFER_NORMS=0: the norms keep their kernels (the program as before the pass,
-    to measure against); =1: few rows are deferred too, instead of normalized in the product."""
+    """Unset or FUSEGRAPH_DEFER_NORMS=0: the norms keep their kernels (the default, measured
+    faster); =all: few rows are deferred too, instead of normalized in the product."""
     from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
-    monkeypatch.setenv(DEFER_NORMS_ENV, "0")
-    for model in (_norm_then_products(), post_norm_block()):
-        after = parse_onnx(model)
-        fuse(after)
-        assert not any("row_" in k for k in _kernels(after)) and any("layernorm" in k for k in _kernels(after))
-    monkeypatch.setenv(DEFER_NORMS_ENV, "1")
+    for setting in (None, "0"):
+        if setting is None:
+            monkeypatch.delenv(DEFER_NORMS_ENV)
+        else:
+            monkeypatch.setenv(DEFER_NORMS_ENV, setting)
+        for model in (_norm_then_products(), post_norm_block(), norm_then_conv()):
+            after = parse_onnx(model)
+            fuse(after)
+            assert not any("row_" in k for k in _kernels(after)) and any("layernorm" in k for k in _kernels(after))
+    monkeypatch.setenv(DEFER_NORMS_ENV, "all")
     model = _norm_then_products(rows=NORM_PROLOGUE_MAX_ROWS)
     before, after = parse_onnx(model), parse_onnx(model)
     fuse(after)

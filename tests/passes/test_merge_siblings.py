@@ -273,11 +273,13 @@ def test_a_kernel_in_two_slots_of_one_concat_writes_one_and_is_copied_into_the_o
     assert sorted(k.op.attrs["kernel"] for k in kernels(program)) == ["conv_relu", "copy", "copy", "softmax"]
 
 
-def test_siblings_scaled_by_one_row_value_merge_and_share_it():
-    """Q, K and V products of a deferred layernorm (`defer_norm`) each scale their rows by the
-    same 1 / std: the value is shared by the merged epilogue, broadcast along all its channels,
-    not stacked; one product kernel is left, as before the norm was deferred."""
+def test_siblings_scaled_by_one_row_value_merge_and_share_it(monkeypatch):
+    """Q, K and V products of a deferred layernorm (`defer_norm`, turned on) each scale their rows
+    by the same 1 / std: the value is shared by the merged epilogue, broadcast along all its
+    channels, not stacked; one product kernel is left, as before the norm was deferred."""
+    from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
     from tests.passes.test_defer_norm import K, ROWS
+    monkeypatch.setenv(DEFER_NORMS_ENV, "1")
     nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1)]
     nodes += [helper.make_node("MatMul", ["t", f"w{j}"], [f"m{j}"]) for j in range(3)]
     nodes += [helper.make_node("Add", ["m0", "m1"], ["s"]), helper.make_node("Add", ["s", "m2"], ["y"])]
