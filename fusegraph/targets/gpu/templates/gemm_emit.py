@@ -311,13 +311,14 @@ class GemmEmitter:
                       {"rm": self.m_bound, "rn": b.bound})
             self.acc_of[id(te)] = b.acc
             self.width_of[id(te)] = b.width
+            if self.row_stats:  # before the tile's stores: the rendezvous' release then waits for
+                # the parts alone, not for the whole tile to reach memory
+                emit_row_stats(self.w, self.row_stats, te, self.spec.out_index, self.spec.m, self.spec.n, self.sum_codes)
             for ret in self.module.returns:  # the group's value, then its further outputs
                 if ret not in self.sums and ret not in self.row_stores and ret not in self.row_stats:
                     self.w.store(ret, te, self.spec.out_index, ("last",))
             for ret in self.sums:
                 emit_pixel_sums(self.w, ret, te, self.spec.out_index, self.pixel_sums, self.sum_codes)
-            if self.row_stats:
-                emit_row_stats(self.w, self.row_stats, te, self.spec.out_index, self.spec.m, self.spec.n, self.sum_codes)
 
 
 def split_k_fixup(w: KernelWriter) -> None:
