@@ -114,3 +114,12 @@ def test_a_computed_a_counts_every_tile_it_loads_against_shared_memory():
     assert all(pipeline_bytes(c, 4, 5 * 4) <= pipeline_budget() for c in conv.configs)
     assert any(pipeline_bytes(c, 4) <= pipeline_budget() < pipeline_bytes(c, 4, 5 * 4)
                for c in api.compile(parse_onnx(residual_block()), "gpu", tune=False).kernels[1].src.configs)
+
+
+def test_the_statistics_rendezvous_comes_before_the_tile_is_stored():
+    """The counter's acq_rel atomic releases every store before it: placed ahead of the output
+    tile's stores, it waits for the two small parts alone."""
+    lines = api.compile(parse_onnx(residual_block()), "gpu", tune=False).kernels[0].src.body.splitlines()
+    (rendezvous,) = [k for k, line in enumerate(lines) if "tl.atomic_add(pcnt" in line]
+    tile_stores = [k for k, line in enumerate(lines) if "tl.store(out" in line and "rn[None, :]" in line]
+    assert tile_stores and min(tile_stores) > rendezvous
