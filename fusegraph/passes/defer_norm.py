@@ -50,6 +50,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from fusegraph.ir.index_expr import free_vars
+from fusegraph.ir.index_map import identity_map
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.zero_sum_columns import columns_sum_to_zero
 from fusegraph.ops import make_op
@@ -60,14 +62,16 @@ from fusegraph.ops.views import MultiBroadcast
 from fusegraph.passes.fuse_anchors import part_anchor
 from fusegraph.passes.literal_values import broadcast_literal
 from fusegraph.passes.prologue_rule import norm_fits_product, norms_stored, reads_as_a, reads_rows
+from fusegraph.passes.reduction_epilogue import whole_rows
 from fusegraph.passes.rewrite import rewrite_each
 
 
-# Unset or "0": no norm is deferred, the default: on an H200 (fp16, bench/results/models-defer-ab.md)
-# the deferred kernels measured slower everywhere, BERT-base 0.389 against 0.358 ms at batch 1
-# and 2.049 against 1.839 at batch 32, ViT-S/16 1.145 against 1.101 at batch 32, though they
-# were 23 fewer. "1": the rule below; "all": also where the products would normalize the rows
-# themselves (few or short rows: ViT-S/16 at batch 1).
+# Unset: only where the statistics come free (`free_statistics`: ConvNeXt's norms after its
+# depthwise convolutions). "0": no norm is deferred. Deferring more measured slower on an H200
+# (fp16, bench/results/models-defer-ab.md) everywhere, BERT-base 0.389 against 0.358 ms at
+# batch 1 and 2.049 against 1.839 at batch 32, ViT-S/16 1.145 against 1.101 at batch 32, though
+# the programs had 23 kernels fewer: "1" turns on the rule below; "all" also where the products
+# would normalize the rows themselves (few or short rows: ViT-S/16 at batch 1).
 DEFER_NORMS_ENV = "FUSEGRAPH_DEFER_NORMS"
 
 
@@ -91,8 +95,8 @@ def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instru
     and its input is stored by some kernel anyway (`stored_anyway`). `fold_norm_affine` asks
     this before folding (of products with literal weights), `DeferNorm` after (of products
     whose folded weights make the identity hold)."""
-    setting = os.environ.get(DEFER_NORMS_ENV, "0")
-    if setting not in ("1", "all") or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
+    setting = os.environ.get(DEFER_NORMS_ENV, "")
+    if setting not in ("", "1", "all") or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
         return False
     readers = users.get(ln, [])
     products = [u for u in readers if u.op.kind == OpKind.ANCHOR and product_ok(u)]
@@ -101,12 +105,59 @@ def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instru
     if len(products) + len(loading) + len(pointwise) != len(readers) or not (products or loading):
         return False
     if not pointwise and not loading:
-        if setting != "all" and any(norm_fits_product(ln, p) for p in products):
+        if free_statistics(ln, module):
+            return True
+        if not setting or setting != "all" and any(norm_fits_product(ln, p) for p in products):
             return False
         return stored_anyway(ln.inputs[0], ln, module, users)
     # the others normalize as they read: only where the statistics cost no kernel of their own,
     # and not where a product is asked to compute the norm and store it (`prologue_rule.STORE_NORMS_ENV`)
-    return not norms_stored() and in_an_epilogue(ln.inputs[0], ln, module)
+    return bool(setting) and not norms_stored() and in_an_epilogue(ln.inputs[0], ln, module)
+
+
+def free_statistics(ln: Instruction, module: Module) -> bool:
+    """Whether the statistics of `ln`'s rows would join the epilogue of a kernel whose tile
+    holds whole rows (`reduction_epilogue.whole_rows`: a depthwise convolution over at most
+    1024 channels, read channels-last): computed from registers with no counter nor parts, they
+    cost that kernel next to nothing, and its reader loses the norm's loop over each row."""
+    x = ln.inputs[0]
+    groups: dict[int, set[int]] = {}
+    anchor = part_anchor(module, x, {id(i): k for k, i in enumerate(module.instructions)}, groups)
+    return (anchor is not None and whole_rows(anchor) and id(ln) not in groups[id(anchor)]
+            and channels_last(anchor, x))
+
+
+def channels_last(anchor: Instruction, x: Instruction) -> bool:
+    """Whether x is `anchor`'s output through views and pointwise ops of its shape with the
+    anchor's channels as x's last axis, read by no other axis of x."""
+    at, y = identity_map(x.shape.lens), x
+    while y is not anchor:
+        view = view_input_map(y)
+        if view is not None:
+            at, y = view.after(at), y.inputs[0]
+            continue
+        if y.op.kind != OpKind.POINTWISE:
+            return False
+        ahead = [i for i in y.inputs if i.shape.lens == y.shape.lens and _reaches(i, anchor)]
+        if len(ahead) != 1:
+            return False
+        y = ahead[0]
+    last, channel = at.out_vars[-1], anchor.op.channel_axis(anchor.shape.ndim)
+    return (at.exprs[channel] == last and last.extent == anchor.shape.lens[channel]
+            and not any(last in free_vars(e) for j, e in enumerate(at.exprs) if j != channel))
+
+
+def _reaches(x: Instruction, anchor: Instruction) -> bool:
+    """Whether `anchor` is x or above x through views and pointwise ops."""
+    stack, seen = [x], set()
+    while stack:
+        y = stack.pop()
+        if y is anchor:
+            return True
+        if id(y) not in seen and y.op.kind in (OpKind.VIEW, OpKind.POINTWISE):
+            seen.add(id(y))
+            stack.extend(y.inputs)
+    return False
 
 
 def normalizes_on_read(ln: Instruction, reader: Instruction, module: Module,

@@ -31,6 +31,8 @@ epilogue when the reduced axis is exactly the product's output channels, whateve
 count: each column tile takes its part and the last to arrive combines them
 (`epilogue_row_stat`, only stored, like `epilogue_sum`; both statistics of one value share
 the rendezvous). A transformer's residual stream then costs no kernel between its products.
+A depthwise convolution's kernel takes them too, with no rendezvous: its tile then holds all
+channels of its pixels (`whole_rows`), ConvNeXt's 7x7 convolution before its layernorm.
 `FUSEGRAPH_JOIN_ROW_STATS=0` keeps them apart, a small reduction kernel each, to measure the
 rendezvous (a counter per row block that every column tile's program waits on at its end)
 against.
@@ -145,19 +147,32 @@ def segment_fold(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: 
 JOIN_ROW_STATS_ENV = "FUSEGRAPH_JOIN_ROW_STATS"  # "0": row statistics keep kernels of their own
 
 
+# A depthwise convolution's program takes all channels of its pixels when its epilogue takes
+# their statistics (a power-of-two tile of up to this many), so no rendezvous is needed.
+WHOLE_ROW_CHANNELS = 1024
+
+
+def whole_rows(anchor: Instruction) -> bool:
+    """Whether `anchor`'s kernel can hold every output channel of its pixels in one tile: a
+    depthwise convolution of at most WHOLE_ROW_CHANNELS channels (ConvNeXt's 7x7, whose
+    output a layernorm over the channels reads)."""
+    return (anchor.op.kind == OpKind.ANCHOR and anchor.shape.lens[1] <= WHOLE_ROW_CHANNELS
+            and anchor.op.template_family([x.shape for x in anchor.inputs]) == "depthwise")
+
+
 def row_statistics(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:
     """The pieces of `row_rstd` or `row_mean` `ins` over its last axis when that axis is exactly
-    a matrix product's output channels (each row of `ins`'s input one row of the product,
-    whole), or None. The column tiles each add their part, so it is only stored
+    the anchor's output channels (each row of `ins`'s input one row of the anchor's output,
+    whole), or None: a matrix product's, whose column tiles each add their part, or a depthwise
+    convolution's whose tile holds every channel (`whole_rows`). It is only stored
     (`EpilogueRowStat`)."""
-    if ins.op.algorithm != "row_stat" or not gemm_template(anchor) or not anchor.op.k_is_last_axis:
+    if ins.op.algorithm != "row_stat" or os.environ.get(JOIN_ROW_STATS_ENV) == "0":
         return None
-    if os.environ.get(JOIN_ROW_STATS_ENV) == "0":
-        return None
-    if anchor.op.attrs.get("group", 1) != 1 or len(pieces) != 1 or pieces[0].domain:
+    product = gemm_template(anchor) and anchor.op.k_is_last_axis and anchor.op.attrs.get("group", 1) == 1
+    if not (product or whole_rows(anchor)) or len(pieces) != 1 or pieces[0].domain:
         return None  # (a shifted window's parts each hold some rows: not yet)
     (p,) = pieces
-    axis, channel = ins.shape.ndim - 1, anchor.shape.ndim - 1
+    axis, channel = ins.shape.ndim - 1, anchor.op.channel_axis(anchor.shape.ndim)
     if ins.op.attrs["axis"] != axis or ins.inputs[0].shape.dtype == DType.float64:
         return None  # (the parts are combined in float32)
     n = p.map.out_vars[channel]

@@ -10,8 +10,8 @@ import pytest
 from fusegraph import api, parse_onnx
 from tests.gpu.test_gpu_kernels import TOL, check_gpu
 from tests.helpers import rel_err
-from tests.passes.test_defer_norm import (K, ROWS, _norm_then_products, _shifted_rows, norm_then_conv, post_norm_block,
-                                         residual_block)
+from tests.passes.test_defer_norm import (K, ROWS, _norm_then_products, _shifted_rows, convnext_block, norm_then_conv,
+                                         post_norm_block, residual_block)
 
 FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 
@@ -123,3 +123,29 @@ def test_the_statistics_rendezvous_comes_before_the_tile_is_stored():
     (rendezvous,) = [k for k, line in enumerate(lines) if "tl.atomic_add(pcnt" in line]
     tile_stores = [k for k, line in enumerate(lines) if "tl.store(out" in line and "rn[None, :]" in line]
     assert tile_stores and min(tile_stores) > rendezvous
+
+
+@pytest.mark.parametrize("channels,fp16", [(96, False), (64, True)])
+def test_row_statistics_in_a_depthwise_convolution_holding_every_channel(channels, fp16):
+    """ConvNeXt's block head (a 3x3 window for the interpreter's sake): the depthwise kernel's
+    tile takes all channels (96 of 128 lanes, or exactly 64) and stores the rows' 1 / std; the
+    product scales its raw rows."""
+    compiled = check_gpu(convnext_block(channels, kernel=3), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert [k.src.template for k in compiled.kernels] == ["depthwise", "gemm"]
+    dw = compiled.kernels[0].src
+    assert "pcnt" not in dw.args and all(c["BC"] >= channels for c in dw.configs)
+
+
+def test_depthwise_row_statistics_under_every_config():
+    """Pixel blocks of 2 to 32 (81 pixels: the last block part empty) on fresh inputs."""
+    program = parse_onnx(convnext_block(kernel=3))
+    compiled = api.compile(program, "gpu", tune=False)
+    dw = compiled.kernels[0].src
+    assert len({c["BP"] for c in dw.configs}) > 2, dw.configs
+    rng = np.random.default_rng()
+    for config in dw.configs:
+        compiled.kernels[0].config = config
+        x = rng.standard_normal((1, 96, 9, 9)).astype(np.float32)
+        compiled.poison()
+        got = compiled.run({"x": x})["y"]
+        assert not np.isnan(got).any() and rel_err(got, api.run(program, {"x": x})["y"]) < TOL, config

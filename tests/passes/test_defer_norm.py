@@ -281,3 +281,54 @@ def test_a_norm_read_by_a_convolution_keeps_its_kernel_where_its_input_is_no_epi
     after = parse_onnx(model)
     fuse(after)
     assert "row_rstd" not in op_names(after.main) and any("layernorm" in k for k in _kernels(after))
+
+
+def convnext_block(channels: int = 96, side: int = 9, permuted: bool = True, kernel: int = 7):
+    """ConvNeXt's block head: a 7x7 depthwise convolution (+ bias), to channels-last, layernorm
+    over the channels (affine), a linear layer + bias, GELU. `permuted=False`: the norm reads
+    the convolution's output channels-first, over its last spatial axis instead."""
+    nodes = [node("Conv", ["x", "wd", "cd"], ["d"], kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4, group=channels)]
+    nodes += [node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1])] if permuted else [node("Identity", ["d"], ["t"])]
+    width = channels if permuted else side
+    nodes += [node("LayerNormalization", ["t", "g", "b"], ["n"], axis=-1, epsilon=1e-6), node("MatMul", ["n", "w"], ["m"]),
+              node("Add", ["m", "c"], ["a"]), node("Gelu", ["a"], ["y"])]
+    return make_model(nodes, {"x": [1, channels, side, side]}, ["y"],
+                      {"wd": rand(channels, 1, kernel, kernel, seed=1, scale=0.2), "cd": rand(channels, seed=2),
+                       "g": 1 + 0.1 * rand(width, seed=3), "b": rand(width, seed=4), "w": rand(width, 64, seed=5, scale=0.1),
+                       "c": rand(64, seed=6)}, opset=20)
+
+
+@pytest.mark.parametrize("setting", [None, "1"])
+def test_a_norm_after_a_depthwise_convolution_takes_its_statistics_from_its_tile(monkeypatch, setting):
+    """By default too: the depthwise kernel, whose tile then holds every channel of its pixels,
+    stores the rows' 1 / std beside them (no rendezvous, no kernel of their own), and the
+    product reads them raw and scales its rows, for few and short rows alike."""
+    from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
+    if setting is None:
+        monkeypatch.delenv(DEFER_NORMS_ENV)
+    model = convnext_block()
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    assert _kernels(after) == ["conv_add_transpose_row_rstd", "dot_mul_add_erf"]
+    first, second = [i for i in after.main if i.op.name == "fused"]
+    assert "epilogue_row_stat" in op_names(first.op.module) and "layernorm" not in op_names(second.op.module)
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+@pytest.mark.parametrize("case", ["off", "channels-first", "too many channels"])
+def test_a_norm_after_a_depthwise_convolution_keeps_its_place_where_no_tile_holds_its_rows(monkeypatch, case):
+    """FUSEGRAPH_DEFER_NORMS=0; a norm over the convolution's last spatial axis (its rows are
+    no tile's); more channels than a tile takes (`reduction_epilogue.WHOLE_ROW_CHANNELS`):
+    the product normalizes the rows itself, as before."""
+    from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
+    from fusegraph.passes.reduction_epilogue import WHOLE_ROW_CHANNELS
+    monkeypatch.delenv(DEFER_NORMS_ENV)
+    if case == "off":
+        monkeypatch.setenv(DEFER_NORMS_ENV, "0")
+    model = {"off": convnext_block(), "channels-first": convnext_block(permuted=False),
+             "too many channels": convnext_block(channels=WHOLE_ROW_CHANNELS + 8, side=2)}[case]
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    kernels = _kernels(after)
+    assert len(kernels) == 2 and not any("row_" in k for k in kernels) and "layernorm" in kernels[1], kernels
+    assert_same_results(before, after, tolerance=TOLERANCE)

@@ -27,15 +27,18 @@ from fusegraph.ir.index_expr import Expr
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load
+from fusegraph.passes.reduction_epilogue import WHOLE_ROW_CHANNELS
 from fusegraph.targets.gpu.device import current_device
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelInputs, KernelWriter, Tile, var
-from fusegraph.targets.gpu.templates.gemm_reduce import PixelSums, TileNames, emit_pixel_sums, pixel_sum_returns
+from fusegraph.targets.gpu.templates.gemm_reduce import (PixelSums, TileNames, emit_pixel_sums, emit_whole_row_stats,
+                                                         pixel_sum_returns, row_stat_returns)
 from fusegraph.targets.gpu.templates.registry import lowers
 
 MAX_UNROLLED_TAPS = 64  # windows up to 8x8 unroll their taps; larger ones loop
 TILE_ELEMENTS = (512, 1024, 2048, 4096)  # outputs per program of the candidates
 MIN_PIXELS = 16  # the narrowest pixel block
+WHOLE_ROW_MIN_PIXELS = 2  # the narrowest with every channel in the tile (up to 1024 of them)
 WIDEST_CHANNELS = 64  # 128 bytes of fp16 channels: a warp's row of coalesced 16-byte copies
 DEPTHWISE_TILE = TileNames("rp", "rc", "BP", "BC", "tl.program_id(0)", "tl.program_id(1)", ())
 
@@ -90,6 +93,9 @@ class DepthwiseEmitter:
                            if self.sums else None)
         self.sum_codes: dict[int, str] = {}
         self.w.tile_reduction = self._pixel_sum
+        # a layernorm's statistics over the channels (`reduction_epilogue.whole_rows`): the
+        # tile then takes every channel (`depthwise_configs`)
+        self.row_stats = row_stat_returns(module)
 
     def _acc_value(self, tile: Tile, index: Index) -> str:
         if index != self.spec.out_index:
@@ -110,8 +116,13 @@ class DepthwiseEmitter:
         with w.block(f"for tap in {loop}({spec.taps}):"):
             w.emit(f"acc += {self._input_tile()} * {self._weights()}")
         te = Tile({"rp": "rp[:, None]", "rc": "rc[None, :]"}, dict(self.bounds))
+        if self.row_stats:
+            def rows() -> Tile:
+                return Tile({"rp": "rp"}, {"rp": f"(rp < {spec.pixels})"})
+
+            emit_whole_row_stats(w, self.row_stats, te, spec.out_index, rows, "[BP, BC]", spec.channels, self.sum_codes)
         for ret in self.module.returns:  # the group's value, then its further outputs
-            if ret not in self.sums:
+            if ret not in self.sums and ret not in self.row_stats:
                 w.store(ret, te, spec.out_index)
         for ret in self.sums:
             emit_pixel_sums(w, ret, te, spec.out_index, self.pixel_sums, self.sum_codes)
@@ -154,24 +165,26 @@ def channel_widths(channels: int) -> list[int]:
     return out
 
 
-def depthwise_configs(pixels: int, channels: int) -> list[Config]:
+def depthwise_configs(pixels: int, channels: int, whole_rows: bool = False) -> list[Config]:
     """(BP, BC, num_warps) candidates, the best guess first.
 
-    BC comes from `channel_widths`. The first candidate's BP is the largest that, at 2048
-    outputs a program, still gives every multiprocessor two programs (a batch-1 map is small:
-    96x56x56 is 3136 pixels); then come 512 to 4096 outputs a program at each width.
+    BC comes from `channel_widths`, or is every channel when the epilogue takes statistics of
+    whole rows (`whole_rows`). The first candidate's BP is the largest that, at 2048 outputs a
+    program, still gives every multiprocessor two programs (a batch-1 map is small: 96x56x56
+    is 3136 pixels); then come 512 to 4096 outputs a program at each width.
     """
-    widths = channel_widths(channels)
-    most_pixels = max(MIN_PIXELS, _pow2(pixels))
+    widths = [_pow2(channels)] if whole_rows else channel_widths(channels)
+    fewest = WHOLE_ROW_MIN_PIXELS if whole_rows else MIN_PIXELS
+    most_pixels = max(fewest, _pow2(pixels))
     programs = 2 * current_device().sm_count
 
     def config(elements: int, width: int) -> Config:
-        bp = min(most_pixels, max(MIN_PIXELS, elements // width))
+        bp = min(most_pixels, max(fewest, elements // width))
         return {"BP": bp, "BC": width, "num_warps": 8 if bp * width >= 4096 else 4, "num_stages": 1}
 
     bc = widths[0]
     first = config(2048, bc)
-    while first["BP"] > MIN_PIXELS and math.ceil(pixels / first["BP"]) * math.ceil(channels / bc) < programs:
+    while first["BP"] > fewest and math.ceil(pixels / first["BP"]) * math.ceil(channels / bc) < programs:
         first = config(first["BP"] * bc // 2, bc)
     out = [first]
     for width in widths:
@@ -191,7 +204,9 @@ def depthwise_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     lines = emitter.body()
     args = emitter.w.arg_list() + (["part", "pcnt"] if emitter.pixel_sums else [])
     body = signature(name, args, ["BP", "BC"]) + "\n" + "\n".join(lines) + "\n"
-    configs = depthwise_configs(spec.pixels, spec.channels)
+    if emitter.row_stats and spec.channels > WHOLE_ROW_CHANNELS:
+        raise CodegenError(f"{kernel}: statistics over {spec.channels} channels; a tile holds at most {WHOLE_ROW_CHANNELS}")
+    configs = depthwise_configs(spec.pixels, spec.channels, bool(emitter.row_stats))
     return KernelSource(name, kernel, "depthwise", body, args, configs,
                         [(spec.pixels, "BP", None), (spec.channels, "BC", None)],
                         flops=2 * spec.pixels * spec.channels * spec.taps, parts=emitter.pixel_sums)

@@ -22,6 +22,7 @@ on which program ran first, so two runs give the same bits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from fusegraph.ir.index_expr import substitute
 from fusegraph.ir.program import Instruction, Module
@@ -199,15 +200,9 @@ def row_stat_returns(module: Module) -> list[Instruction]:
     return [r for r in module.returns if is_store(r) and r.inputs[1].op.algorithm == "epilogue_row_stat"]
 
 
-def emit_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index: Index, m: int, n: int,
-                   codes: dict[int, str]) -> None:
-    """Each program stores its tile's per-row mean and squared deviations (an exact two-pass
-    over the tile's columns) into its own slots of `part`; the last column block of a row block
-    to arrive (a counter per row block, `pcnt`) combines the parts in column order by Chan's
-    rule, stores each statistic (the mean, 1 / sqrt(var + eps)) through its return's map and
-    clears the counter. Under split-k only the program that runs a tile's epilogue takes part.
-    As with the pixel sums, no float atomics: the same bits every run.
-    `codes` receives each result's code for the tile its store reads it on."""
+def _row_values(w: KernelWriter, rets: list[Instruction], te: Tile, out_index: Index, shape: str) -> tuple[str, str]:
+    """The tile of the one value whose rows `rets` take statistics of, as its readers read it
+    (rounded to its stored type), zero off the tile's valid lanes, and that mask."""
     values = {id(r.inputs[1].inputs[0]): r.inputs[1].inputs[0] for r in rets}
     if len(values) != 1:
         raise CodegenError("row statistics of two values in one epilogue; one rendezvous serves one")
@@ -217,7 +212,46 @@ def emit_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index
     if compute_type(stored) != stored:  # the rows as stored, which is what the norm's readers read
         x = f"{x}.to({TRITON_TYPES[stored]}).to({TRITON_TYPES[compute_type(stored)]})"
     valid = te.conjunction(te.mask_for(te.dims))
-    v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [BM, BN]), 0.0)")
+    return w.let(f"tl.where({valid}, tl.broadcast_to({x}, {shape}), 0.0)"), valid
+
+
+def _store_row_stats(w: KernelWriter, rets: list[Instruction], rows: Callable[[], Tile], mean: str, m2: str, n: int,
+                     out_index: Index, codes: dict[int, str]) -> None:
+    """Each of `rets` from a row's mean and squared deviations over its `n` columns: the mean,
+    or 1 / sqrt(var + eps) (an RMS norm's mean square for a norm that does not center), stored
+    through its map on a fresh tile of rows (`rows`)."""
+    for ret in rets:
+        a = ret.inputs[1].op.attrs
+        tile = rows()
+        if a["stat"] == "mean":
+            codes[id(tile)] = mean
+        else:
+            square = "" if a["center"] else f" + {mean} * {mean}"
+            codes[id(tile)] = w.let(f"1.0 / tl.sqrt({m2} / {n}.0{square} + {a['epsilon']})")
+        w.store(ret, tile, out_index)
+
+
+def emit_whole_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index: Index, rows: Callable[[], Tile],
+                         shape: str, n: int, codes: dict[int, str]) -> None:
+    """Row statistics of a tile `shape` that holds all `n` columns of its rows (a depthwise
+    convolution's tile of every channel, `reduction_epilogue.whole_rows`): the mean, then the
+    squared deviations from it, both across the tile in float32; no parts, no rendezvous."""
+    v, valid = _row_values(w, rets, te, out_index, shape)
+    mean = w.let(f"tl.sum({v}, 1) / {n}.0")
+    dev = w.let(f"tl.where({valid}, {v} - {mean}[:, None], 0.0)")
+    _store_row_stats(w, rets, rows, mean, w.let(f"tl.sum({dev} * {dev}, 1)"), n, out_index, codes)
+
+
+def emit_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index: Index, m: int, n: int,
+                   codes: dict[int, str]) -> None:
+    """Each program stores its tile's per-row mean and squared deviations (an exact two-pass
+    over the tile's columns) into its own slots of `part`; the last column block of a row block
+    to arrive (a counter per row block, `pcnt`) combines the parts in column order by Chan's
+    rule, stores each statistic (the mean, 1 / sqrt(var + eps)) through its return's map and
+    clears the counter. Under split-k only the program that runs a tile's epilogue takes part.
+    As with the pixel sums, no float atomics: the same bits every run.
+    `codes` receives each result's code for the tile its store reads it on."""
+    v, valid = _row_values(w, rets, te, out_index, "[BM, BN]")
     with w.block("if owner:"):  # under split-k, the tile's last program: the one holding the sums
         _rendezvous(w, rets, v, valid, out_index, m, n, codes)
 
@@ -246,13 +280,9 @@ def _rendezvous(w: KernelWriter, rets: list[Instruction], v: str, valid: str, ou
             w.emit("rs_delta = rs_pm - rs_mean")
             w.emit("rs_mean = rs_mean + rs_delta * (rs_n / (rs_before + rs_n))")
             w.emit("rs_m2 = rs_m2 + rs_pq + rs_delta * rs_delta * (rs_before * rs_n / (rs_before + rs_n))")
-        for ret in rets:
-            a = ret.inputs[1].op.attrs
-            rows = Tile({"rm": "rm", "gz": "gz", "nq": "pid_n"}, {"rm": f"(rm < {m})"})
-            if a["stat"] == "mean":
-                codes[id(rows)] = "rs_mean"
-            else:
-                square = "" if a["center"] else " + rs_mean * rs_mean"  # an RMS norm's mean square
-                codes[id(rows)] = w.let(f"1.0 / tl.sqrt(rs_m2 / {n}.0{square} + {a['epsilon']})")
-            w.store(ret, rows, out_index)
+
+        def rows() -> Tile:
+            return Tile({"rm": "rm", "gz": "gz", "nq": "pid_n"}, {"rm": f"(rm < {m})"})
+
+        _store_row_stats(w, rets, rows, "rs_mean", "rs_m2", n, out_index, codes)
         w.emit("tl.atomic_xchg(pcnt + rs_block, 0)")
