@@ -14,8 +14,9 @@ the product that writes x (`reduction_epilogue.row_statistics`) or are a small r
 kernel. The norm's kernel, which read x and wrote the normalized tensor for the products to
 read back, is gone, and the products' A is a plain load.
 
-Off unless `FUSEGRAPH_DEFER_NORMS=1` (`DEFER_NORMS_ENV`): with fewer kernels, the deferred
-programs still measured slower on an H200, so the pass stays for measuring and for where it wins.
+Off unless `FUSEGRAPH_DEFER_NORMS` says otherwise (`DEFER_NORMS_ENV`): with fewer kernels, the
+deferred programs still measured slower on an H200, so the pass stays for measuring and for
+where it wins; `free` defers only where the statistics cost nothing (`free_statistics`).
 
 Where products alone read the norm and the prologue rule lets them normalize it themselves
 (`prologue_rule.norm_fits_product`: few rows or short ones, ViT-S/16 at batch 1), it stays
@@ -66,13 +67,16 @@ from fusegraph.passes.reduction_epilogue import whole_rows
 from fusegraph.passes.rewrite import rewrite_each
 
 
-# Unset: only where the statistics come free (`free_statistics`: ConvNeXt's norms after its
-# depthwise convolutions). "0": no norm is deferred. Deferring more measured slower on an H200
-# (fp16, bench/results/models-defer-ab.md) everywhere, BERT-base 0.389 against 0.358 ms at
-# batch 1 and 2.049 against 1.839 at batch 32, ViT-S/16 1.145 against 1.101 at batch 32, though
-# the programs had 23 kernels fewer: "1" turns on the rule below; "all" also where the products
-# would normalize the rows themselves (few or short rows: ViT-S/16 at batch 1).
+# "0": no norm is deferred. "free": only where the statistics come free (`free_statistics`:
+# ConvNeXt's norms after its depthwise convolutions; not yet timed on a GPU). "1": also by the
+# rule below, which measured slower on an H200 (fp16, bench/results/models-defer-ab.md)
+# everywhere, BERT-base 0.389 against 0.358 ms at batch 1 and 2.049 against 1.839 at batch 32,
+# ViT-S/16 1.145 against 1.101 at batch 32, though the programs had 23 kernels fewer; "all"
+# also where the products would normalize the rows themselves (few or short rows: ViT-S/16 at
+# batch 1). Unset or empty: DEFAULT_DEFERRAL.
 DEFER_NORMS_ENV = "FUSEGRAPH_DEFER_NORMS"
+DEFER_SETTINGS = ("0", "free", "1", "all")
+DEFAULT_DEFERRAL = "0"
 
 
 def deferrable_reader(ln: Instruction, product: Instruction) -> bool:
@@ -95,8 +99,8 @@ def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instru
     and its input is stored by some kernel anyway (`stored_anyway`). `fold_norm_affine` asks
     this before folding (of products with literal weights), `DeferNorm` after (of products
     whose folded weights make the identity hold)."""
-    setting = os.environ.get(DEFER_NORMS_ENV, "")
-    if setting not in ("", "1", "all") or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
+    setting = os.environ.get(DEFER_NORMS_ENV) or DEFAULT_DEFERRAL
+    if setting not in DEFER_SETTINGS[1:] or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
         return False
     readers = users.get(ln, [])
     products = [u for u in readers if u.op.kind == OpKind.ANCHOR and product_ok(u)]
@@ -107,12 +111,12 @@ def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instru
     if not pointwise and not loading:
         if free_statistics(ln, module):
             return True
-        if not setting or setting != "all" and any(norm_fits_product(ln, p) for p in products):
+        if setting == "free" or setting != "all" and any(norm_fits_product(ln, p) for p in products):
             return False
         return stored_anyway(ln.inputs[0], ln, module, users)
     # the others normalize as they read: only where the statistics cost no kernel of their own,
     # and not where a product is asked to compute the norm and store it (`prologue_rule.STORE_NORMS_ENV`)
-    return bool(setting) and not norms_stored() and in_an_epilogue(ln.inputs[0], ln, module)
+    return setting != "free" and not norms_stored() and in_an_epilogue(ln.inputs[0], ln, module)
 
 
 def free_statistics(ln: Instruction, module: Module) -> bool:

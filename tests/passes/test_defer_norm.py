@@ -298,14 +298,13 @@ def convnext_block(channels: int = 96, side: int = 9, permuted: bool = True, ker
                        "c": rand(64, seed=6)}, opset=20)
 
 
-@pytest.mark.parametrize("setting", [None, "1"])
+@pytest.mark.parametrize("setting", ["free", "1"])
 def test_a_norm_after_a_depthwise_convolution_takes_its_statistics_from_its_tile(monkeypatch, setting):
-    """By default too: the depthwise kernel, whose tile then holds every channel of its pixels,
-    stores the rows' 1 / std beside them (no rendezvous, no kernel of their own), and the
-    product reads them raw and scales its rows, for few and short rows alike."""
+    """FUSEGRAPH_DEFER_NORMS=free or 1: the depthwise kernel, whose tile then holds every
+    channel of its pixels, stores the rows' 1 / std beside them (no rendezvous, no kernel of
+    their own), and the product reads them raw and scales its rows, for few and short rows."""
     from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
-    if setting is None:
-        monkeypatch.delenv(DEFER_NORMS_ENV)
+    monkeypatch.setenv(DEFER_NORMS_ENV, setting)
     model = convnext_block()
     before, after = parse_onnx(model), parse_onnx(model)
     fuse(after)
@@ -317,14 +316,15 @@ def test_a_norm_after_a_depthwise_convolution_takes_its_statistics_from_its_tile
 
 @pytest.mark.parametrize("case", ["off", "channels-first", "too many channels"])
 def test_a_norm_after_a_depthwise_convolution_keeps_its_place_where_no_tile_holds_its_rows(monkeypatch, case):
-    """FUSEGRAPH_DEFER_NORMS=0; a norm over the convolution's last spatial axis (its rows are
-    no tile's); more channels than a tile takes (`reduction_epilogue.WHOLE_ROW_CHANNELS`):
-    the product normalizes the rows itself, as before."""
+    """Unset (the default); under `free`, a norm over the convolution's last spatial axis (its
+    rows are no tile's) or more channels than a tile takes (`reduction_epilogue.WHOLE_ROW_CHANNELS`):
+    the product normalizes the rows itself."""
     from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
     from fusegraph.passes.reduction_epilogue import WHOLE_ROW_CHANNELS
-    monkeypatch.delenv(DEFER_NORMS_ENV)
     if case == "off":
-        monkeypatch.setenv(DEFER_NORMS_ENV, "0")
+        monkeypatch.delenv(DEFER_NORMS_ENV)
+    else:
+        monkeypatch.setenv(DEFER_NORMS_ENV, "free")
     model = {"off": convnext_block(), "channels-first": convnext_block(permuted=False),
              "too many channels": convnext_block(channels=WHOLE_ROW_CHANNELS + 8, side=2)}[case]
     before, after = parse_onnx(model), parse_onnx(model)
