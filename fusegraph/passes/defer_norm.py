@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from fusegraph.errors import ArgumentError
 from fusegraph.ir.index_expr import free_vars
 from fusegraph.ir.index_map import identity_map
 from fusegraph.ir.program import Instruction, Module
@@ -90,6 +91,17 @@ def deferrable_reader(ln: Instruction, product: Instruction) -> bool:
     return weights is not None and columns_sum_to_zero(weights)
 
 
+def deferral_setting() -> str:
+    """FUSEGRAPH_DEFER_NORMS, checked: a misspelt value would otherwise leave the norms as they
+    are without a word."""
+    setting = os.environ.get(DEFER_NORMS_ENV) or DEFAULT_DEFERRAL
+    if setting not in DEFER_SETTINGS:
+        raise ArgumentError(f"{DEFER_NORMS_ENV}={setting!r}: use 0 (no layernorm deferred), free (only where the "
+                            "statistics come free, after a depthwise convolution), 1 (also by the rule) or all; "
+                            f"unset: {DEFAULT_DEFERRAL}")
+    return setting
+
+
 def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instruction]],
            product_ok: Callable[[Instruction], bool]) -> bool:
     """Whether layernorm `ln` (over its last axis, not returned) is deferred: every reader is a
@@ -99,8 +111,8 @@ def defers(module: Module, ln: Instruction, users: dict[Instruction, list[Instru
     and its input is stored by some kernel anyway (`stored_anyway`). `fold_norm_affine` asks
     this before folding (of products with literal weights), `DeferNorm` after (of products
     whose folded weights make the identity hold)."""
-    setting = os.environ.get(DEFER_NORMS_ENV) or DEFAULT_DEFERRAL
-    if setting not in DEFER_SETTINGS[1:] or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
+    setting = deferral_setting()
+    if setting == "0" or ln.op.algorithm != "layernorm" or ln in module.returns or ln.op.attrs["axis"] != ln.shape.ndim - 1:
         return False
     readers = users.get(ln, [])
     products = [u for u in readers if u.op.kind == OpKind.ANCHOR and product_ok(u)]

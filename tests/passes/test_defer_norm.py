@@ -332,3 +332,11 @@ def test_a_norm_after_a_depthwise_convolution_keeps_its_place_where_no_tile_hold
     kernels = _kernels(after)
     assert len(kernels) == 2 and not any("row_" in k for k in kernels) and "layernorm" in kernels[1], kernels
     assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_misspelt_setting_is_an_error_that_names_the_variable_and_its_values(monkeypatch):
+    from fusegraph.errors import ArgumentError
+    from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
+    monkeypatch.setenv(DEFER_NORMS_ENV, "yes")
+    with pytest.raises(ArgumentError, match=r"FUSEGRAPH_DEFER_NORMS='yes'.*free"):
+        fuse(parse_onnx(convnext_block()))
