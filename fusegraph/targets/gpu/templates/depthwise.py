@@ -38,7 +38,7 @@ from fusegraph.targets.gpu.templates.registry import lowers
 MAX_UNROLLED_TAPS = 64  # windows up to 8x8 unroll their taps; larger ones loop
 TILE_ELEMENTS = (512, 1024, 2048, 4096)  # outputs per program of the candidates
 MIN_PIXELS = 16  # the narrowest pixel block
-WHOLE_ROW_MIN_PIXELS = 2  # the narrowest with every channel in the tile (up to 1024 of them)
+WHOLE_ROW_MIN_PIXELS = 1  # the narrowest with every channel in the tile (up to 1024 of them)
 WIDEST_CHANNELS = 64  # 128 bytes of fp16 channels: a warp's row of coalesced 16-byte copies
 DEPTHWISE_TILE = TileNames("rp", "rc", "BP", "BC", "tl.program_id(0)", "tl.program_id(1)", ())
 
