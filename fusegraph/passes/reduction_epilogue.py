@@ -156,8 +156,8 @@ def whole_rows(anchor: Instruction) -> bool:
     """Whether `anchor`'s kernel can hold every output channel of its pixels in one tile: a
     depthwise convolution of at most WHOLE_ROW_CHANNELS channels (ConvNeXt's 7x7, whose
     output a layernorm over the channels reads)."""
-    return (anchor.op.kind == OpKind.ANCHOR and anchor.shape.lens[1] <= WHOLE_ROW_CHANNELS
-            and anchor.op.template_family([x.shape for x in anchor.inputs]) == "depthwise")
+    return (anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) == "depthwise"
+            and anchor.shape.lens[anchor.op.channel_axis(anchor.shape.ndim)] <= WHOLE_ROW_CHANNELS)
 
 
 def row_statistics(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:

@@ -205,7 +205,7 @@ def _row_values(w: KernelWriter, rets: list[Instruction], te: Tile, out_index: I
     (rounded to its stored type), zero off the tile's valid lanes, and that mask."""
     values = {id(r.inputs[1].inputs[0]): r.inputs[1].inputs[0] for r in rets}
     if len(values) != 1:
-        raise CodegenError("row statistics of two values in one epilogue; one rendezvous serves one")
+        raise CodegenError("row statistics of two values in one epilogue; one epilogue takes those of one value")
     value = next(iter(values.values()))
     x = w.value(value, te, out_index)
     stored = value.shape.dtype
