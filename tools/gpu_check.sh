@@ -59,7 +59,7 @@ for s in $steps; do
     models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) --name ${MODEL_NAME:-models} ;;
     free_ab) step free_ab timeout ${MODELS_S:-200} $py bench/models.py --batches 1 --models ${MODELS:-convnext_tiny} --modes fusegraph,fusegraph-free,compile --name models-free-ab --budget-s $(( ${MODELS_S:-200} - 20 ))  # norms after depthwise convolutions deferred (opt-in) against the default
              step perf_free timeout 120 env FUSEGRAPH_DEFER_NORMS=free $py -m fusegraph.driver.cli perf convnext_tiny --fp16 --configs
-             step floors_free timeout 60 $py bench/kernel_floors.py "$out/perf_free.log" --model convnext_tiny --fp16 ;;
+             step floors_free timeout 60 env FUSEGRAPH_DEFER_NORMS=free $py bench/kernel_floors.py "$out/perf_free.log" --model convnext_tiny --fp16 ;;
     defer_tests) step defer_tests timeout 120 $py -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_defer_norm.py ;;
     gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;
     gemm_gelu) step gemm_gelu timeout 90 $py bench/gemm.py --gelu --shapes b32 ;;
