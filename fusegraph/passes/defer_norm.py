@@ -68,8 +68,9 @@ from fusegraph.passes.reduction_epilogue import whole_rows
 from fusegraph.passes.rewrite import rewrite_each
 
 
-# "0": no norm is deferred. "free": only where the statistics come free (`free_statistics`:
-# ConvNeXt's norms after its depthwise convolutions; not yet timed on a GPU). "1": also by the
+# "0": no norm is deferred. "free" (the default): only where the statistics come free
+# (`free_statistics`: ConvNeXt's norms after its depthwise convolutions; ConvNeXt-T at batch 1
+# 0.360 against 0.368 ms with "0" on an H100, fp16, bench/results/models-free-ab-h100.md). "1": also by the
 # rule below, which measured slower on an H200 (fp16, bench/results/models-defer-ab.md)
 # everywhere, BERT-base 0.389 against 0.358 ms at batch 1 and 2.049 against 1.839 at batch 32,
 # ViT-S/16 1.145 against 1.101 at batch 32, though the programs had 23 kernels fewer; "all"
@@ -77,7 +78,7 @@ from fusegraph.passes.rewrite import rewrite_each
 # batch 1). Unset or empty: DEFAULT_DEFERRAL.
 DEFER_NORMS_ENV = "FUSEGRAPH_DEFER_NORMS"
 DEFER_SETTINGS = ("0", "free", "1", "all")
-DEFAULT_DEFERRAL = "0"
+DEFAULT_DEFERRAL = "free"
 
 
 def deferrable_reader(ln: Instruction, product: Instruction) -> bool:

@@ -221,8 +221,9 @@ def test_a_post_norm_is_deferred_at_any_row_count_and_its_residual_normalizes_as
 
 
 def test_the_setting_turns_deferral_off_or_on_where_the_product_would_normalize(monkeypatch):
-    """Unset or FUSEGRAPH_DEFER_NORMS=0: the norms keep their kernels (the default, measured
-    faster); =all: few rows are deferred too, instead of normalized in the product."""
+    """Unset (`free`, which defers only after depthwise convolutions) or FUSEGRAPH_DEFER_NORMS=0:
+    these norms keep their kernels (measured faster than deferred); =all: few rows are deferred
+    too, instead of normalized in the product."""
     from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
     for setting in (None, "0"):
         if setting is None:
@@ -298,13 +299,17 @@ def convnext_block(channels: int = 96, side: int = 9, permuted: bool = True, ker
                        "c": rand(64, seed=6)}, opset=20)
 
 
-@pytest.mark.parametrize("setting", ["free", "1"])
+@pytest.mark.parametrize("setting", [None, "free", "1"])
 def test_a_norm_after_a_depthwise_convolution_takes_its_statistics_from_its_tile(monkeypatch, setting):
-    """FUSEGRAPH_DEFER_NORMS=free or 1: the depthwise kernel, whose tile then holds every
-    channel of its pixels, stores the rows' 1 / std beside them (no rendezvous, no kernel of
-    their own), and the product reads them raw and scales its rows, for few and short rows."""
+    """Unset (the default) or FUSEGRAPH_DEFER_NORMS=free or 1: the depthwise kernel, whose tile
+    then holds every channel of its pixels, stores the rows' 1 / std beside them (no rendezvous,
+    no kernel of their own), and the product reads them raw and scales its rows, for few and
+    short rows."""
     from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
-    monkeypatch.setenv(DEFER_NORMS_ENV, setting)
+    if setting is None:
+        monkeypatch.delenv(DEFER_NORMS_ENV)
+    else:
+        monkeypatch.setenv(DEFER_NORMS_ENV, setting)
     model = convnext_block()
     before, after = parse_onnx(model), parse_onnx(model)
     fuse(after)
@@ -316,13 +321,13 @@ def test_a_norm_after_a_depthwise_convolution_takes_its_statistics_from_its_tile
 
 @pytest.mark.parametrize("case", ["off", "channels-first", "too many channels"])
 def test_a_norm_after_a_depthwise_convolution_keeps_its_place_where_no_tile_holds_its_rows(monkeypatch, case):
-    """Unset (the default); under `free`, a norm over the convolution's last spatial axis (its
-    rows are no tile's) or more channels than a tile takes (`reduction_epilogue.WHOLE_ROW_CHANNELS`):
-    the product normalizes the rows itself."""
+    """FUSEGRAPH_DEFER_NORMS=0; under `free`, a norm over the convolution's last spatial axis
+    (its rows are no tile's) or more channels than a tile takes
+    (`reduction_epilogue.WHOLE_ROW_CHANNELS`): the product normalizes the rows itself."""
     from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
     from fusegraph.passes.reduction_epilogue import WHOLE_ROW_CHANNELS
     if case == "off":
-        monkeypatch.delenv(DEFER_NORMS_ENV)
+        monkeypatch.setenv(DEFER_NORMS_ENV, "0")
     else:
         monkeypatch.setenv(DEFER_NORMS_ENV, "free")
     model = {"off": convnext_block(), "channels-first": convnext_block(permuted=False),

@@ -206,8 +206,8 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
                 k.config, times = best_config(candidates, lambda c: bound.launch(k, c))
                 if all(t == float("inf") for t in times):
                     raise every_config_failed(k.src, k.ins.origin, build.report.failures)
-                report.append({"kernel": k.src.name, "flops": k.src.flops,
-                               "grid": k.src.grid_dims, "configs": candidates, "ms": times})
+                report.append({"kernel": k.src.name, "flops": k.src.flops, "grid": k.src.grid_dims,
+                               "default_tune": k.src.default_tune or DEFAULT_TUNE_CONFIGS, "configs": candidates, "ms": times})
             chosen[key] = k.config
             cache.put(k.src.digest, k.config)
             if progress:

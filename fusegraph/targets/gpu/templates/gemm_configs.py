@@ -39,6 +39,9 @@ LARGE_FIRST = [(128, 256, 64, 8, 3), (64, 128, 32, 4, 4), (128, 64, 64, 4, 3), (
 TINY_FLOPS = 1 << 21
 TINY_TUNE = 2
 
+# Products of at most this many rows also offer 16-row tiles to the exhaustive tune.
+FEW_ROWS = 16
+
 # (BM, BN, BK, warps, stages) in the order the batch-1 timings ranked them
 SHAPES = [(64, 128, 64, 4, 3), (32, 64, 64, 4, 4), (64, 64, 64, 4, 2), (64, 32, 64, 4, 4), (64, 64, 64, 4, 4),
           (128, 128, 32, 8, 3), (32, 32, 64, 2, 4), (128, 64, 64, 4, 3), (64, 128, 32, 4, 4),
@@ -169,4 +172,6 @@ def _configs(spec: GemmSpec) -> list[Config]:
     for f in (2, 4, 8):
         if chunks >= 8 and f <= chunks // 2 and t.tiles(64, 128) < MANY_TILES:
             out += [t.config(bm, bn, 64, 4, 4, f) for bm, bn in ((64, 64), (32, 64), (32, 32))]
+    if spec.m <= FEW_ROWS:  # a product of a row or a few (a classifier on a pooled vector): 16-row tiles
+        out += [t.config(16, bn, 64, 4, 4, f) for bn in (32, 64, 128) for f in (1, 2, 4, 8) if f == 1 or f <= chunks // 2]
     return [c for k, c in enumerate(out) if c not in out[:k]]
