@@ -113,11 +113,18 @@ def check_ref(model: onnx.ModelProto, inputs: dict, rtol: float = 1e-5, atol: fl
 
 
 def check_gpu(model: onnx.ModelProto, inputs: dict, rtol: float = 2e-5, atol: float = 2e-6) -> None:
-    """ONNX Runtime's outputs matched by the gpu target (every kernel's buffers NaN-poisoned)."""
+    """ONNX Runtime's outputs matched by the gpu target (every kernel's buffers NaN-poisoned).
+    `atol` is per unit of each output's largest magnitude: a state is a sum of products whose
+    float32 rounding scales with the terms, so an element that cancels to near zero (0.033
+    among states of 2.3, under LeakyRelu and Affine activations) keeps the absolute error of
+    its larger neighbours."""
     want, names = ort_run(_time_major(model), inputs), [o.name for o in model.graph.output]
     compiled = api.compile(parse_onnx(model, input_dims={k: v.shape for k, v in inputs.items()}), "gpu", tune=False)
     compiled.poison()
-    _compare(compiled.run(inputs), want, names, rtol, atol)
+    got = compiled.run(inputs)
+    for name, w in zip(names, want):
+        scale = max(1.0, float(np.abs(w).max())) if w.size else 1.0
+        _compare(got, [w], [name], rtol, atol * scale)
 
 
 @pytest.mark.parametrize("op,attrs,given,outputs", CASES, ids=lambda c: str(c))
