@@ -97,6 +97,22 @@ def test_layernorm_prologue_under_every_default_config():
     _run_configs(program, compiled, configs, np.random.default_rng(11))
 
 
+def test_a_normalized_single_row_under_its_sixteen_row_tiles():
+    """A classifier on a pooled vector (ConvNeXt's head: one row, layernorm, linear + bias)
+    offers 16-row tiles, unsplit and split, to the exhaustive tune: each on fresh inputs
+    against the reference."""
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["m"]),
+                        node("Add", ["m", "c"], ["y"])],
+                       {"x": [1, 512]}, ["y"], {"g": rand(512, seed=1), "bt": rand(512, seed=2),
+                                                "w": rand(512, 40, seed=3, scale=0.1), "c": rand(40, seed=4)})
+    program = parse_onnx(model)
+    compiled = api.compile(program, "gpu", tune=False)
+    (k,) = compiled.kernels
+    configs = [c for c in k.src.configs if c["BM"] == 16]
+    assert {c["SPLIT"] for c in configs} == {1, 2, 4} and {c["BN"] for c in configs} == {32, 64}, configs
+    _run_configs(program, compiled, configs, np.random.default_rng())
+
+
 def test_layernorm_without_affine_on_its_own():
     """A one-input layernorm (its affine folded away) that no product computes runs in the
     reduction template, normalizing only."""
