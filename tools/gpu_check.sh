@@ -61,6 +61,7 @@ for s in $steps; do
              step perf_free timeout 120 env FUSEGRAPH_DEFER_NORMS=free $py -m fusegraph.driver.cli perf convnext_tiny --fp16 --configs
              step floors_free timeout 60 env FUSEGRAPH_DEFER_NORMS=free $py bench/kernel_floors.py "$out/perf_free.log" --model convnext_tiny --fp16 ;;
     defer_tests) step defer_tests timeout 120 $py -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_defer_norm.py ;;
+    tune_sweep) step tune_sweep timeout ${SWEEP_S:-400} $py tools/tune_sweep.py --cases ${SWEEP_CASES:-convnext_head,convnext_s1,convnext_s2,convnext_s3,convnext_s4} --out "$out/sweep" ;;  # every candidate of the kernels in question, timed
     gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;
     gemm_gelu) step gemm_gelu timeout 90 $py bench/gemm.py --gelu --shapes b32 ;;
     gemm_tma) step gemm_tma timeout 150 env FUSEGRAPH_TMA=1 $py bench/gemm.py --shapes b32 --name gemm-tma ;;
