@@ -12,8 +12,9 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   programmatic dependent launch (FUSEGRAPH_DEPENDENT_LAUNCH=0 or 1; fusegraph's default builds
   the short kernels so on sm_90 and later); fusegraph-defer, fusegraph-defer-all: layernorms
   deferred past their products by the rule, or every one that can be (FUSEGRAPH_DEFER_NORMS=1
-  or all, passes/defer_norm.py; off by default); fusegraph-free: only where the statistics
-  come free, after a depthwise convolution (=free); fusegraph-stats-apart: deferred by the rule,
+  or all, passes/defer_norm.py; off by default); fusegraph-norms-kept: none deferred, not even
+  where the statistics come free after a depthwise convolution (=0; the default is =free);
+  fusegraph-stats-apart: deferred by the rule,
   their row statistics in kernels of their own instead of the epilogues of the products
   writing the rows (FUSEGRAPH_JOIN_ROW_STATS=0); not in the default modes;
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
@@ -63,7 +64,7 @@ from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
 from fusegraph.passes.reduction_epilogue import JOIN_ROW_STATS_ENV
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 
-MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-defer", "fusegraph-defer-all", "fusegraph-free",
+MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-defer", "fusegraph-defer-all", "fusegraph-norms-kept",
          "fusegraph-stats-apart", "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
@@ -156,7 +157,7 @@ def fp32_reference(case: Case) -> torch.Tensor:
 FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: ""},
                    "fusegraph-plain": {DEPENDENT_LAUNCH_ENV: "0"}, "fusegraph-pdl": {DEPENDENT_LAUNCH_ENV: "1"},
                    "fusegraph-defer": {DEFER_NORMS_ENV: "1"}, "fusegraph-defer-all": {DEFER_NORMS_ENV: "all"},
-                   "fusegraph-free": {DEFER_NORMS_ENV: "free"},
+                   "fusegraph-norms-kept": {DEFER_NORMS_ENV: "0"},
                    "fusegraph-stats-apart": {DEFER_NORMS_ENV: "1", JOIN_ROW_STATS_ENV: "0"}}
 
 

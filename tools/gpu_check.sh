@@ -57,9 +57,9 @@ for s in $steps; do
                step cold_$m timeout 150 env FUSEGRAPH_CACHE_DIR=/tmp/fgc-cold-$m-$$ TRITON_CACHE_DIR=/tmp/tc-cold-$m-$$ $py -m fusegraph.driver.cli perf $m --fp16; done ;;
     defer_ab) step defer_ab timeout ${MODELS_S:-420} $py bench/models.py --batches 1,32 --models ${MODELS:-bert_base,vit_small_patch16_224} --modes fusegraph,fusegraph-defer,fusegraph-stats-apart,compile --name models-defer-ab --budget-s $(( ${MODELS_S:-420} - 20 )) ;;  # deferred layernorms (off by default) against the norms' own kernels
     models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) --name ${MODEL_NAME:-models} ;;
-    free_ab) step free_ab timeout ${MODELS_S:-200} $py bench/models.py --batches 1 --models ${MODELS:-convnext_tiny} --modes fusegraph,fusegraph-free,fusegraph-defer,compile --name models-free-ab --budget-s $(( ${MODELS_S:-200} - 20 ))  # norms after depthwise convolutions deferred (opt-in) against the default
-             step perf_free timeout 120 env FUSEGRAPH_DEFER_NORMS=free $py -m fusegraph.driver.cli perf convnext_tiny --fp16 --configs
-             step floors_free timeout 60 env FUSEGRAPH_DEFER_NORMS=free $py bench/kernel_floors.py "$out/perf_free.log" --model convnext_tiny --fp16 ;;
+    free_ab) step free_ab timeout ${MODELS_S:-200} $py bench/models.py --batches 1 --models ${MODELS:-convnext_tiny} --modes fusegraph,fusegraph-norms-kept,fusegraph-defer,compile --name models-free-ab --budget-s $(( ${MODELS_S:-200} - 20 ))  # the default (norms after depthwise convolutions deferred) against none deferred and against =1
+             step perf_free timeout 120 $py -m fusegraph.driver.cli perf convnext_tiny --fp16 --configs
+             step floors_free timeout 60 $py bench/kernel_floors.py "$out/perf_free.log" --model convnext_tiny --fp16 ;;
     defer_tests) step defer_tests timeout 120 $py -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_defer_norm.py ;;
     tune_sweep) step tune_sweep timeout ${SWEEP_S:-400} $py tools/tune_sweep.py --cases ${SWEEP_CASES:-convnext_head,convnext_s1,convnext_s2,convnext_s3,convnext_s4} --out "$out/sweep" ;;  # every candidate of the kernels in question, timed
     gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;

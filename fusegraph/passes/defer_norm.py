@@ -14,9 +14,10 @@ the product that writes x (`reduction_epilogue.row_statistics`) or are a small r
 kernel. The norm's kernel, which read x and wrote the normalized tensor for the products to
 read back, is gone, and the products' A is a plain load.
 
-Off unless `FUSEGRAPH_DEFER_NORMS` says otherwise (`DEFER_NORMS_ENV`): with fewer kernels, the
-deferred programs still measured slower on an H200, so the pass stays for measuring and for
-where it wins; `free` defers only where the statistics cost nothing (`free_statistics`).
+By default (`FUSEGRAPH_DEFER_NORMS=free`, `DEFER_NORMS_ENV`) only where the statistics cost
+nothing (`free_statistics`: after a depthwise convolution, measured faster); the rule below
+only under `=1`: with fewer kernels, those deferred programs still measured slower on an H200,
+so it stays for measuring and for where it wins.
 
 Where products alone read the norm and the prologue rule lets them normalize it themselves
 (`prologue_rule.norm_fits_product`: few rows or short ones, ViT-S/16 at batch 1), it stays

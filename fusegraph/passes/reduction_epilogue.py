@@ -54,15 +54,20 @@ from fusegraph.passes.group_builder import GroupBuilder, Piece
 MAX_RUN = 256  # the widest N tile the GEMM template chooses for a run
 
 
+def anchor_template(anchor: Instruction) -> str | None:
+    """The GPU template family that lowers `anchor` on its inputs' shapes; None for a non-anchor."""
+    return anchor.op.template_family([x.shape for x in anchor.inputs]) if anchor.op.kind == OpKind.ANCHOR else None
+
+
 def gemm_template(anchor: Instruction) -> bool:
     """Whether `anchor` is a product the GEMM template lowers, the one that reduces in its
     epilogue (a depthwise convolution has a template of its own)."""
-    return anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) == "gemm"
+    return anchor_template(anchor) == "gemm"
 
 
 def pixel_sum_template(anchor: Instruction) -> bool:
     """Whether `anchor` is a convolution whose template (GEMM or depthwise) sums over its pixels."""
-    return anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) in ("gemm", "depthwise")
+    return anchor_template(anchor) in ("gemm", "depthwise")
 
 
 def run_length(m: IndexMap, anchor: Instruction, axis: int) -> int | None:
@@ -156,7 +161,7 @@ def whole_rows(anchor: Instruction) -> bool:
     """Whether `anchor`'s kernel can hold every output channel of its pixels in one tile: a
     depthwise convolution of at most WHOLE_ROW_CHANNELS channels (ConvNeXt's 7x7, whose
     output a layernorm over the channels reads)."""
-    return (anchor.op.kind == OpKind.ANCHOR and anchor.op.template_family([x.shape for x in anchor.inputs]) == "depthwise"
+    return (anchor_template(anchor) == "depthwise"
             and anchor.shape.lens[anchor.op.channel_axis(anchor.shape.ndim)] <= WHOLE_ROW_CHANNELS)
 
 

@@ -18,7 +18,7 @@ FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 
 @pytest.fixture(autouse=True)
 def deferring(monkeypatch):
-    """The pass is off by default (`DEFER_NORMS_ENV`): these tests turn it on."""
+    """The rule is off by default (`DEFER_NORMS_ENV`, default `free`): these tests turn it on."""
     from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
     monkeypatch.setenv(DEFER_NORMS_ENV, "1")
 

@@ -27,7 +27,7 @@ TOLERANCE = 1e-5  # the rows summed raw, then scaled: float32 rounding of a diff
 
 @pytest.fixture(autouse=True)
 def deferring(monkeypatch):
-    """The pass is off by default (`DEFER_NORMS_ENV`): these tests turn it on."""
+    """The rule is off by default (`DEFER_NORMS_ENV`, default `free`): these tests turn it on."""
     from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
     monkeypatch.setenv(DEFER_NORMS_ENV, "1")
 
