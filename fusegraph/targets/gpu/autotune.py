@@ -67,21 +67,47 @@ def best_config(configs: list[Config], run: Callable[[Config], None], repeats: i
                 for _ in range(repeats):
                     run(c)
             graph.replay()
-            samples = []
-            for _ in range(replays):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                graph.replay()
-                e.record()
-                e.synchronize()
-                samples.append(s.elapsed_time(e) / repeats)
+            samples = _queued_replay_times(graph, replays)
             samples.sort()
-            times.append(samples[len(samples) // 2])
+            times.append(samples[len(samples) // 2] / repeats)
         except Exception:  # noqa: BLE001 - a config the compiler rejects (too much shared memory, ...)
             torch.cuda.synchronize()
             times.append(float("inf"))
     k = min(range(len(configs)), key=lambda i: times[i])
     return configs[k], times
+
+
+def _queued_replay_times(graph: Any, replays: int) -> list[float]:
+    """GPU ms of each of `replays` graph replays, all queued behind a sleep kernel first.
+
+    Timed one by one, each replay's start event fires on an idle GPU and the graph then waits
+    for the CPU to launch it: while build workers keep every core busy, that wait varied from
+    run to run and could pick a slower config. The sleep holds the GPU until the CPU has queued
+    every replay; if it ended first (the marker completed), the batch is timed again with a
+    longer sleep.
+    """
+    import torch
+
+    sleep_us = 50.0 * replays
+    while True:
+        torch.cuda._sleep(int(sleep_us * _SLEEP_CYCLES_PER_US))
+        marker = torch.cuda.Event()
+        marker.record()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(replays)]
+        for s, e in events:
+            s.record()
+            graph.replay()
+            e.record()
+        starved = marker.query()
+        torch.cuda.synchronize()
+        if not starved or sleep_us >= _MAX_SLEEP_US:
+            return [s.elapsed_time(e) for s, e in events]
+        sleep_us *= 4
+
+
+_SLEEP_CYCLES_PER_US = 2000  # torch.cuda._sleep spins in clock cycles; GPU clocks are about 2 GHz
+_MAX_SLEEP_US = 20_000.0
 
 
 def device_name() -> str:
