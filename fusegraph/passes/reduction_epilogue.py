@@ -195,8 +195,8 @@ def pixel_axes(anchor: Instruction) -> range | None:
     """The axes of `anchor`'s output that are a sample's pixels, after its sample axis: a
     convolution's spatial axes (N, C, pixels...), or the middle axes of a matrix product over
     rows of pixels with weights shared by every row (N, pixels..., C: ConvNeXt-T's last linear
-    layer before its global mean), whose kernel makes them its rows, unless its k loop would
-    be split (`splits_k`); None for any other anchor."""
+    layer before its global mean), whose kernel makes them its rows; None for any other anchor.
+    A split k loop does not stop it: the program that finishes a tile's sum adds its rows."""
     if not pixel_sum_template(anchor):
         return None
     rank = anchor.shape.ndim
@@ -206,24 +206,9 @@ def pixel_axes(anchor: Instruction) -> range | None:
         return None
     w = anchor.inputs[1]
     shared = w.inputs[0] if w.op.broadcasts else w
-    if any(d != 1 for d in shared.shape.lens[:-2]) or splits_k(anchor):
+    if any(d != 1 for d in shared.shape.lens[:-2]):
         return None
     return range(1, rank - 1)
-
-
-# The GEMM template splits a product's k loop across programs when its 32x64 tiles are fewer
-# than the GPU's multiprocessors (132 on an H100 or H200) and the loop is at least 8 chunks of
-# 64 (`targets/gpu/templates/gemm_configs._configs`: a change there belongs here too); an epilogue sum forbids the split, which at batch 1 costs a long product more than a
-# mean's kernel (ConvNeXt-T's last linear layer: 49 rows, K 3072, split eight ways).
-SPLIT_K_TILES = 132
-SPLIT_K_MIN_K = 512
-
-
-def splits_k(anchor: Instruction) -> bool:
-    """Whether the GEMM template would split a row product's k loop (see SPLIT_K_TILES)."""
-    lens = anchor.shape.lens
-    rows, n, k = anchor.shape.elements // lens[-1], lens[-1], anchor.inputs[0].shape.lens[-1]
-    return -(-rows // 32) * -(-n // 64) < SPLIT_K_TILES and k >= SPLIT_K_MIN_K
 
 
 def pixel_reduction(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:

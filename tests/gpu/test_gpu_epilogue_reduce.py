@@ -146,6 +146,40 @@ def test_se_squeeze_parts_are_combined_across_many_row_tiles():
     assert float(np.abs(got - want).max()) <= 1e-4 * float(np.abs(want).max())
 
 
+def test_a_global_mean_after_a_split_product_is_summed_by_the_programs_that_finish_its_tiles():
+    """ConvNeXt-T's last linear layer at batch 1 (few rows, a long k loop) splits k; only the
+    program that adds a tile's k slices adds its rows into the mean. Every split candidate,
+    run twice: the counters are cleared for the next run, and both runs give the same bits."""
+    from tests.passes.test_reduction_epilogue import dot_mean_model
+
+    program = parse_onnx(dot_mean_model(batch=2, hw=5, c=512, n=40))
+    compiled = api.compile(program, "gpu", tune=False)
+    (k,) = compiled.kernels
+    assert k.src.kernel_name.endswith("reduce_mean")
+    splits = [cfg for cfg in k.src.configs if cfg["SPLIT"] > 1]
+    assert {cfg["SPLIT"] for cfg in splits} >= {2, 4}
+    # the interpreter runs programs one after another, the owner last, which hides a race:
+    # the parts and the counter must be left to the owner, as the source shows
+    lines = k.src.source.splitlines()
+    at = next(i for i, line in enumerate(lines) if "atomic_add(pcnt" in line)
+    owner = max(i for i in range(at) if lines[i].strip() == "if owner:")
+    indent = len(lines[owner]) - len(lines[owner].lstrip())
+    assert all(len(line) - len(line.lstrip()) > indent for line in lines[owner + 1:at + 1] if line.strip())
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal((2, 5, 5, 512)).astype(np.float32),
+              "r": rng.standard_normal((2, 40, 5, 5)).astype(np.float32)}
+    want = api.run(program, inputs)
+    for cfg in splits[:3]:
+        k.config = cfg
+        compiled.poison()
+        first = compiled.run(inputs)
+        second = compiled.run(inputs)
+        for name in ("s", "m"):
+            err = float(np.abs(first[name] - want[name]).max())
+            assert err <= 1e-4 * float(np.abs(want[name]).max()), (cfg, name, err)
+            np.testing.assert_array_equal(first[name], second[name])
+
+
 @pytest.mark.slow
 def test_the_epilogue_reduction_kernels_compile_for_sm90():
     """The real backend (not the interpreter) accepts the pixel sums' slots loop, the tile

@@ -35,8 +35,6 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     constexprs = ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else [])
     body = signature(name, args, constexprs) + "\n" + "\n".join(emitter.lines) + "\n"
     configs, default_tune = gemm_configs(spec, anchor.inputs[0].shape.dtype, tile, pieces, emitter.a_bytes())
-    if emitter.pixel_sums:  # the last row tile must hold its whole sums: no split-k
-        configs = [c for c in configs if c["SPLIT"] == 1]
     n_grid: tuple[int, str | None, str | None] = (spec.n // period, None, None) if period else (spec.n, "BN", None)
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(spec.m, "BM", None), n_grid, (spec.batch, None, "SPLIT")],

@@ -161,7 +161,6 @@ def _configs(spec: GemmSpec) -> list[Config]:
         shapes.sort(key=lambda s: (0, -s[0] * s[1]) if t.tiles(s[0], s[1]) >= sms else (1, -t.tiles(s[0], s[1])))
     out = [t.config(*s) for s in shapes]
     # split k where even small tiles leave most multiprocessors idle and the k loop is long
-    # (`passes/reduction_epilogue.splits_k` mirrors this: an epilogue sum forbids the split)
     chunks = -(-spec.k // 64)
     if t.tiles(32, 64) < sms and chunks >= 8:
         f64, f32 = t.split_factor(64, 64, chunks), t.split_factor(32, 64, chunks)

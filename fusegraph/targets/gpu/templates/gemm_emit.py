@@ -317,8 +317,10 @@ class GemmEmitter:
             for ret in self.module.returns:  # the group's value, then its further outputs
                 if ret not in self.sums and ret not in self.row_stores and ret not in self.row_stats:
                     self.w.store(ret, te, self.spec.out_index, ("last",))
-            for ret in self.sums:
-                emit_pixel_sums(self.w, ret, te, self.spec.out_index, self.pixel_sums, self.sum_codes)
+            if self.sums:
+                with self.w.block("if owner:"):  # under split-k, the program holding the tile's whole sums
+                    for ret in self.sums:
+                        emit_pixel_sums(self.w, ret, te, self.spec.out_index, self.pixel_sums, self.sum_codes)
 
 
 def split_k_fixup(w: KernelWriter) -> None:

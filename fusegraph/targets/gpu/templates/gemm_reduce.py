@@ -14,7 +14,8 @@ A pixel sum spans many row tiles. Each program adds its tile's rows per sample (
 rows meets at most SLOTS = (BM - 1) // P + 2 samples of P pixels) and stores the parts into
 its own slots of a float32 scratch `part` [row tile, slot, channel]; a counter per column
 block (`pcnt`) finds the last program, which loads the parts of each sample past L1 and adds
-them in row-tile order, stores the sum or mean and clears the counter. As with split-k's
+them in row-tile order, stores the sum or mean and clears the counter. Under split-k only the
+program that finishes a tile (`owner`) adds its rows, once their sums are whole. As with split-k's
 partial sums (`gemm_emit.split_k_fixup`), no float atomics: the order of the sum never depends
 on which program ran first, so two runs give the same bits.
 """
