@@ -187,6 +187,22 @@ def test_config_list_starts_with_the_best_guess(pixels, channels, first):
     assert all(c["BC"] & (c["BC"] - 1) == 0 and c["BP"] & (c["BP"] - 1) == 0 for c in configs)
 
 
+@pytest.mark.parametrize("pixels,channels", [(784, 192), (3136, 96), (49, 768)])
+def test_whole_row_sweep_candidates_hold_few_outputs_a_thread(pixels, channels):
+    """The exhaustive tune's narrow whole-row blocks: each warp count, but no candidate whose
+    threads would each hold more than SWEEP_OUTPUTS_PER_THREAD outputs (one such took minutes
+    to compile)."""
+    from fusegraph.targets.gpu.templates.depthwise import SWEEP_OUTPUTS_PER_THREAD, WHOLE_ROW_SWEEP_PIXELS
+
+    configs = depthwise_configs(pixels, channels, whole_rows=True)
+    width = 1 << (channels - 1).bit_length()
+    assert all(c["BC"] == width for c in configs)
+    sweep = [c for c in configs if c["BP"] <= WHOLE_ROW_SWEEP_PIXELS]
+    assert {c["num_warps"] for c in sweep} == {1, 2, 4, 8}
+    assert all(c["BP"] * c["BC"] <= SWEEP_OUTPUTS_PER_THREAD * 32 * c["num_warps"] for c in configs)
+    assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
+
+
 @pytest.mark.parametrize("channels,widths", [
     (96, [64, 32, 128]),  # 64 + 64 (half busy) before 3 x 32
     (144, [64, 16, 32, 128]),  # 16 divides 144, 64 is the best guess

@@ -181,6 +181,30 @@ def test_a_tiny_product_times_two_candidates_and_a_larger_one_six():
     assert tried(64, 256, 128) == DEFAULT_TUNE_CONFIGS
 
 
+def test_a_classifier_on_one_row_tries_16_row_tiles_first_and_an_se_fc_does_not():
+    """Few rows over large weights (a classifier on a pooled vector) put 16-row tiles first and
+    still time the general list's first TINY_TUNE; a small product of one row (an SE block's
+    FC) keeps its two general candidates, the 16-row tiles left to the exhaustive tune. The
+    classifier's default-tuned candidates all compute the product right."""
+    from fusegraph.targets.gpu.templates.gemm_configs import FEW_ROWS_FIRST, FEW_ROWS_TUNE, TINY_TUNE
+
+    def kernel(m: int, k: int, n: int):
+        model = make_model([node("MatMul", ["a", "b"], ["y"])], {"a": [m, k]}, ["y"], {"b": rand(k, n, seed=1)})
+        program = parse_onnx(model)
+        compiled = api.compile(program, "gpu", tune=False)
+        return program, compiled, compiled.kernels[0]
+
+    program, compiled, k = kernel(1, 768, 1000)
+    tried = k.src.configs[:k.src.default_tune]
+    assert len(tried) == FEW_ROWS_TUNE and [(c["BM"], c["BN"], c["SPLIT"]) for c in tried[:len(FEW_ROWS_FIRST)]] == [
+        (16, bn, f) for bn, f in FEW_ROWS_FIRST]
+    assert all(c["BM"] > 16 for c in tried[len(FEW_ROWS_FIRST):])
+    _, _, se = kernel(1, 1152, 48)
+    assert se.src.default_tune == TINY_TUNE and all(c["BM"] > 16 for c in se.src.configs[:TINY_TUNE])
+    assert any(c["BM"] == 16 for c in se.src.configs)
+    _run_configs(program, compiled, tried, np.random.default_rng())
+
+
 @pytest.mark.parametrize("a,b,trans_b", [([5, 7], [7, 20], 0), ([5, 7], [20, 7], 1), ([2, 3, 6, 9], [2, 3, 9, 17], 0),
                                          ([5, 1], [1, 3], 0), ([2, 4, 8, 1], [2, 4, 1, 8], 0)])
 def test_matmul(a, b, trans_b):

@@ -40,6 +40,9 @@ TILE_ELEMENTS = (512, 1024, 2048, 4096)  # outputs per program of the candidates
 MIN_PIXELS = 16  # the narrowest pixel block
 WHOLE_ROW_MIN_PIXELS = 1  # the narrowest with every channel in the tile (up to 1024 of them)
 WHOLE_ROW_SWEEP_PIXELS = 32  # the widest such block the exhaustive tune also tries under each warp count
+# ... where each thread holds at most this many outputs: 32 pixels of 256 channels in one warp
+# (256 a thread, 49 taps unrolled) did not finish compiling in 5 minutes on a 16-core H100 host
+SWEEP_OUTPUTS_PER_THREAD = 64
 WIDEST_CHANNELS = 64  # 128 bytes of fp16 channels: a warp's row of coalesced 16-byte copies
 DEPTHWISE_TILE = TileNames("rp", "rc", "BP", "BC", "tl.program_id(0)", "tl.program_id(1)", ())
 
@@ -196,7 +199,8 @@ def depthwise_configs(pixels: int, channels: int, whole_rows: bool = False) -> l
     if whole_rows:  # for --exhaustive-tune: the narrow pixel blocks under every warp count
         bp = fewest
         while bp <= min(most_pixels, WHOLE_ROW_SWEEP_PIXELS):
-            out += [c for c in ({"BP": bp, "BC": bc, "num_warps": nw, "num_stages": 1} for nw in (1, 2, 4, 8)) if c not in out]
+            out += [c for c in ({"BP": bp, "BC": bc, "num_warps": nw, "num_stages": 1} for nw in (1, 2, 4, 8)
+                                if bp * bc <= SWEEP_OUTPUTS_PER_THREAD * 32 * nw) if c not in out]
             bp *= 2
     return out
 

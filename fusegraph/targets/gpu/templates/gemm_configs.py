@@ -39,8 +39,23 @@ LARGE_FIRST = [(128, 256, 64, 8, 3), (64, 128, 32, 4, 4), (128, 64, 64, 4, 3), (
 TINY_FLOPS = 1 << 21
 TINY_TUNE = 2
 
-# Products of at most this many rows also offer 16-row tiles to the exhaustive tune.
+# Products of at most this many rows offer 16-row tiles. Those over large weights (a
+# classifier on a pooled vector or a class token: at least FEW_ROWS_WEIGHTS of them) put narrow
+# column blocks unsplit and split in two first (FEW_ROWS_FIRST), then the general list, whose
+# first TINY_TUNE candidates the default tune also times; the other 16-row tiles, and all of
+# them for small weights (an SE block's FCs, which the launch dominates), are for the
+# exhaustive tune. A 64-row tile of one row stores 63 idle rows into the split-k workspace:
+# ConvNeXt-T's classifier (1 x 768 -> 1000, a layernorm computed as it loads) took 13 us
+# under 32x64 split 4 on an H100.
 FEW_ROWS = 16
+FEW_ROWS_WEIGHTS = 1 << 18
+FEW_ROWS_FIRST = ((32, 1), (64, 1), (32, 2), (64, 2))  # (BN, SPLIT)
+FEW_ROWS_TUNE = len(FEW_ROWS_FIRST) + TINY_TUNE
+
+
+def few_rows_first(spec: GemmSpec) -> bool:
+    """Whether `spec` is a product of few rows over large weights (see FEW_ROWS)."""
+    return spec.m <= FEW_ROWS and spec.k * spec.n >= FEW_ROWS_WEIGHTS
 
 # (BM, BN, BK, warps, stages) in the order the batch-1 timings ranked them
 SHAPES = [(64, 128, 64, 4, 3), (32, 64, 64, 4, 4), (64, 64, 64, 4, 2), (64, 32, 64, 4, 4), (64, 64, 64, 4, 4),
@@ -80,7 +95,8 @@ def gemm_configs(spec: GemmSpec, dtype: DType, tile: int, pieces: bool, a_bytes:
     configs = _fitting(configs, dtype.itemsize, a_bytes)
     # a head times one candidate more than other kernels: its four period candidates come ahead
     # of the general list, of which it then still times three
-    default_tune = DEFAULT_TUNE_CONFIGS + 1 if tile else TINY_TUNE if spec.flops < TINY_FLOPS else 0
+    default_tune = (DEFAULT_TUNE_CONFIGS + 1 if tile else FEW_ROWS_TUNE if few_rows_first(spec)
+                    else TINY_TUNE if spec.flops < TINY_FLOPS else 0)
     if pieces:  # each default candidate without split-k is also tried in pieces, right after itself
         first = [t for c in configs[:default_tune]
                  for t in [{**c, "PIECES": 0}] + ([{**c, "PIECES": 1}] if c["SPLIT"] == 1 else [])]
@@ -171,6 +187,8 @@ def _configs(spec: GemmSpec) -> list[Config]:
     for f in (2, 4, 8):
         if chunks >= 8 and f <= chunks // 2 and t.tiles(64, 128) < MANY_TILES:
             out += [t.config(bm, bn, 64, 4, 4, f) for bm, bn in ((64, 64), (32, 64), (32, 32))]
-    if spec.m <= FEW_ROWS:  # a product of a row or a few (a classifier on a pooled vector): 16-row tiles
-        out += [t.config(16, bn, 64, 4, 4, f) for bn in (32, 64, 128) for f in (1, 2, 4, 8) if f == 1 or f <= chunks // 2]
+    if spec.m <= FEW_ROWS:  # a product of a row or a few: 16-row tiles (see FEW_ROWS)
+        first = [t.config(16, bn, 64, 4, 4, f) for bn, f in FEW_ROWS_FIRST if f == 1 or f <= chunks // 2]
+        out = (first if few_rows_first(spec) else []) + out + [
+            t.config(16, bn, 64, 4, 4, f) for bn in (32, 64, 128) for f in (1, 2, 4, 8) if f == 1 or f <= chunks // 2]
     return [c for k, c in enumerate(out) if c not in out[:k]]

@@ -158,6 +158,26 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
     v = w.let(f"tl.where({valid}, tl.broadcast_to({x}, [{bm}, {t.col_block}]), 0.0)")
     chan, cols, n, slots = te.code(out_index[sums.channel_axis]), te.bounds[t.col], sums.channels, sums.slots(bm)
     keep = f", mask={cols}" if cols else ""
+    samples = sums.rows // p
+
+    def store_sums(total: str) -> None:  # each sample's sum, `total` its code, through ret's map
+        tm = Tile({t.col: te.names[t.col], **dict(t.fixed), "sn": "sn"}, {t.col: cols})
+        codes[id(tm)] = f"({total} / {p}.0)" if ret.inputs[1].op.attrs["mean"] else total
+        w.store(ret, tm, tuple(substitute(e, {t.row: var("sn", samples) * p}, check=False) for e in out_index))
+
+    with w.block(f"if {bm} >= {sums.rows}:"):  # one row tile holds every sample whole: no parts, no rendezvous
+        with w.block(f"for sn in range({samples}):"):
+            w.emit(f"tot = tl.sum(tl.where(({t.row}[:, None] // {p}) == sn, {v}, 0.0), 0)[None, :]")
+            store_sums("tot")
+    with w.block("else:"):
+        _pixel_sum_parts(w, t, v, p, chan, cols, keep, n, slots, samples, store_sums)
+
+
+def _pixel_sum_parts(w: KernelWriter, t: TileNames, v: str, p: int, chan: str, cols: str | None, keep: str, n: int,
+                     slots: str, samples: int, store_sums: Callable[[str], None]) -> None:
+    """Each program's parts per sample into `part`; the last row tile of the column block adds
+    them in row-tile order and stores the sums (`store_sums`), then clears the counter."""
+    bm = t.row_block
     w.emit(f"s0 = {t.row_program} * {bm} // {p}")
     with w.block(f"for j in tl.static_range({slots}):"):
         w.emit(f"pj = tl.sum(tl.where(({t.row}[:, None] // {p}) == s0 + j, {v}, 0.0), 0)[None, :]")
@@ -166,17 +186,13 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
     w.emit(f"col = {t.column}")
     w.emit('seen = tl.atomic_add(pcnt + col, 1, sem="acq_rel")')
     with w.block("if seen == tl.num_programs(0) - 1:"):
-        samples = sums.rows // p
         with w.block(f"for sn in range({samples}):"):
             w.emit(f"tot = tl.zeros([1, {t.col_block}], dtype=tl.float32)")
             with w.block(f"for t in range(sn * {p} // {bm}, ((sn + 1) * {p} - 1) // {bm} + 1):"):
                 ptr = f"part + (t * {slots} + sn - t * {bm} // {p}) * {n} + {chan}"
                 # past L1: the parts were stored by other programs, maybe on other SMs
                 w.emit(f'tot += tl.load({ptr}{keep + ", other=0.0" if cols else ""}, cache_modifier=".cg")')
-            tm = Tile({t.col: te.names[t.col], **dict(t.fixed), "sn": "sn"}, {t.col: cols})
-            codes[id(tm)] = f"(tot / {p}.0)" if ret.inputs[1].op.attrs["mean"] else "tot"
-            first_row = {t.row: var("sn", samples) * p}
-            w.store(ret, tm, tuple(substitute(e, first_row, check=False) for e in out_index))
+            store_sums("tot")
         w.emit("tl.atomic_xchg(pcnt + col, 0)")
 
 
