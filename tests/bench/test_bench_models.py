@@ -91,3 +91,24 @@ def test_a_file_written_mid_run_says_what_it_lacks_and_the_last_write_replaces_i
     text = (tmp_path / "cut.md").read_text()
     assert "mid-run" not in text and text.count("| resnet18 |") == 2
     assert "written:" in capsys.readouterr().out
+
+
+def test_each_fusegraph_mode_is_a_mode_and_lane_stats_builds_lane_sums():
+    """Every fusegraph contender's settings name a mode of the command line; under
+    fusegraph-lane-stats's settings a layernorm before a product sums its statistics lane by
+    lane (and not under the default's)."""
+    import contextlib
+
+    from fusegraph import api, parse_onnx
+    from tests.gpu.test_gpu_kernels import node
+    from tests.helpers import make_model, rand
+
+    assert set(bm.FUSEGRAPH_MODES) <= set(bm.MODES)
+    model = make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"])],
+                       {"x": [1, 4, 96]}, ["y"], {"g": rand(96, seed=1), "b": rand(96, seed=2), "w": rand(96, 8, seed=3)})
+    for mode, lanes in (("fusegraph", False), ("fusegraph-lane-stats", True)):
+        with contextlib.ExitStack() as settings:
+            for name, value in bm.FUSEGRAPH_MODES[mode].items():
+                settings.enter_context(bm.environment(name, value))
+            (k,) = api.compile(parse_onnx(model), "gpu", tune=False).kernels
+        assert ("ln0_s1 += " in k.src.source) == lanes, mode

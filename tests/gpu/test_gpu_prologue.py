@@ -14,10 +14,22 @@ from fusegraph.ir.program import Program
 from fusegraph.ir.shape import Shape
 from fusegraph.ops.reduce import LayerNorm
 from fusegraph.ops.source import add_param
+from fusegraph.targets.gpu.templates.gemm_prologue import LANE_STATS_ENV
 from tests.gpu.test_gpu_kernels import TOL, _run_configs, check_gpu, node
 from tests.helpers import make_model, rand, rel_err
 
 FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
+
+
+@pytest.fixture(params=["0", "1"], ids=["chunk-stats", "lane-stats"])
+def lane_stats(request, monkeypatch) -> bool:
+    """Both ways a deferred prologue takes its statistics (`LANE_STATS_ENV`, opt-in)."""
+    monkeypatch.setenv(LANE_STATS_ENV, request.param)
+    return request.param == "1"
+
+
+def _lanes_as_set(source: str, lanes: bool) -> None:
+    assert ("ln0_s1 += " in source) == lanes
 
 
 def _check_one_gemm(model, fp16: bool) -> None:
@@ -74,14 +86,16 @@ def test_layernorm_then_gemm_with_bias(fp16):
     _check_one_gemm(model, fp16)
 
 
-def test_layernorm_statistics_of_rows_far_from_zero():
-    """A mean of 300 and a spread of 1: the chunked statistics keep the variance (no E[x^2] - E[x]^2)."""
+def test_layernorm_statistics_of_rows_far_from_zero(lane_stats):
+    """A mean of 300 and a spread of 1: the chunked statistics keep the variance (no E[x^2] - E[x]^2;
+    the lane sums are of values less a shift near the mean)."""
     model = make_model([node("Add", ["x", "shift"], ["xs"]), node("LayerNormalization", ["xs", "g", "bt"], ["t"], axis=-1),
                         node("MatMul", ["t", "w"], ["y"])], {"x": [6, 96]}, ["y"],
                        {"shift": np.full(96, 300.0, np.float32), "g": rand(96, seed=1), "bt": rand(96, seed=2),
                         "w": rand(96, 16, seed=3, scale=0.2)})
     compiled = check_gpu(model, tolerance=1e-4)
     assert [k.src.template for k in compiled.kernels] == ["gemm"]  # the add too, recomputed in both loops
+    _lanes_as_set(compiled.kernels[0].src.source, lane_stats)
 
 
 def test_layernorm_prologue_under_every_default_config():
@@ -97,7 +111,7 @@ def test_layernorm_prologue_under_every_default_config():
     _run_configs(program, compiled, configs, np.random.default_rng(11))
 
 
-def test_a_normalized_single_row_under_its_sixteen_row_tiles():
+def test_a_normalized_single_row_under_its_sixteen_row_tiles(lane_stats):
     """A classifier on a pooled vector (ConvNeXt's head: one row, layernorm, linear + bias)
     offers 16-row tiles, unsplit and split, to the exhaustive tune: each on fresh inputs
     against the reference."""
@@ -110,6 +124,7 @@ def test_a_normalized_single_row_under_its_sixteen_row_tiles():
     (k,) = compiled.kernels
     configs = [c for c in k.src.configs if c["BM"] == 16]
     assert {c["SPLIT"] for c in configs} == {1, 2, 4} and {c["BN"] for c in configs} == {32, 64}, configs
+    _lanes_as_set(k.src.source, lane_stats)
     _run_configs(program, compiled, configs, np.random.default_rng())
 
 
@@ -128,7 +143,7 @@ def test_layernorm_without_affine_on_its_own():
 
 
 @pytest.mark.parametrize("fp16", [False, True])
-def test_layernorm_normalized_after_the_product(fp16):
+def test_layernorm_normalized_after_the_product(fp16, lane_stats):
     """Without split-k the kernel multiplies the rows less a shift and corrects the accumulator
     after the k loop (`RowStatistics`, deferred); with split-k it keeps the statistics loop.
     The folded weights' columns sum to zero (`fold_norm_affine`), so the deferred kernel takes
@@ -144,6 +159,7 @@ def test_layernorm_normalized_after_the_product(fp16):
     compiled = api.compile(program, "gpu", tune=False, fp16=fp16)
     (k,) = compiled.kernels
     assert "ln0_shift" in k.src.source and "ln_wsum" not in k.src.source and "for k1 in tl.range(0, 520, BK" in k.src.source
+    _lanes_as_set(k.src.source, lane_stats)
     unsplit = [c for c in k.src.configs if c["SPLIT"] == 1]
     split = [c for c in k.src.configs if c["SPLIT"] > 1]
     assert unsplit and split
@@ -165,13 +181,14 @@ def rms_model(rows: int, width: int, shift: float = 0.0, opset: int = 23):
 
 
 @pytest.mark.parametrize("fp16", [False, True])
-def test_rms_norm_then_matmul_is_one_kernel_under_split_and_unsplit_configs(fp16):
+def test_rms_norm_then_matmul_is_one_kernel_under_split_and_unsplit_configs(fp16, lane_stats):
     """An RMS norm's rows keep their mean (here 3, beside a spread of 1, so that centring
     them would show): normalized after the product without split-k, before it with split-k."""
     program = parse_onnx(rms_model(37, 520, shift=3.0))
     compiled = api.compile(program, "gpu", tune=False, fp16=fp16)
     (k,) = compiled.kernels
     assert k.src.kernel_name == "add_rmsnorm_dot" and "ln_wsum" in k.src.source
+    _lanes_as_set(k.src.source, lane_stats)
     unsplit = [c for c in k.src.configs if c["SPLIT"] == 1]
     split = [c for c in k.src.configs if c["SPLIT"] > 1]
     assert unsplit and split

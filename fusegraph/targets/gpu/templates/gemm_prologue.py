@@ -22,6 +22,7 @@ the rows are stored after it too, each column block storing its share of the chu
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from typing import Callable
 
@@ -35,6 +36,13 @@ from fusegraph.targets.gpu.kernel_writer import Index, KernelInputs, KernelWrite
 # Chunks of the statistics loop in flight at once: its loads do not depend on each other, and
 # the loop is pipelined as a product's k loop is, instead of waiting out each load in turn.
 STATS_STAGES = 3
+# "1": a deferred prologue's k loop sums each chunk's shifted rows lane by lane and reduces once
+# after the loop (`RowStatistics`); unset or "0": two reductions across the tile per chunk, as
+# measured so far. ConvNeXt-T's 1-row classifier (layernorm over 768 -> 1000) took 11-13 us
+# under every one of its 35 candidates, against 4.6 us for EfficientNet-B1's plain one-row
+# classifier of 1280 -> 1000 on the same H100; the per-chunk reductions are the suspects.
+# Opt-in until timed on a GPU: `bench/models.py --modes fusegraph,fusegraph-lane-stats`.
+LANE_STATS_ENV = "FUSEGRAPH_LANE_STATS"
 
 
 def selected_loads(a: Instruction) -> list[Instruction] | None:
@@ -150,7 +158,11 @@ class RowStatistics:
     over A and no loop before the product; rows the group stores are written after the
     correction, from the final statistics. The shift is each row's first chunk's mean: rows
     far from zero (a mean of 300, a spread of 1) would otherwise leave a float32 accumulator to
-    cancel 300 * colsum(W) against itself. Split-k programs see only part of K, so with
+    cancel 300 * colsum(W) against itself. With `LANE_STATS_ENV`=1 the loop folds no chunk
+    into the statistics: it adds the shifted values and their squares lane by lane into two
+    [BM, BK] float32 sums, reduced once after the loop into the mean and the squared deviations
+    (the shift, taken before the loop from the first chunk, keeps the squares from cancelling
+    300^2 against 1). Split-k programs see only part of K, so with
     SPLIT > 1 the kernel keeps the statistics loop (a constexpr branch: each config builds one
     of the two). With tf32 the shifted rows would lose bits to its rounding, so it is not
     deferred there.
@@ -160,6 +172,7 @@ class RowStatistics:
                  sums_vanish: bool = False) -> None:
         self.w, self.norms, self.a_index, self.k, self.deferred = w, norms, a_index, k, deferred
         self.sums = deferred and not sums_vanish  # the k loop takes W's weighted column sums
+        self.lanes = deferred and os.environ.get(LANE_STATS_ENV, "0") == "1"  # statistics summed lane by lane
         self.final = False  # true while the rows are stored after a deferred product
         self.names: dict[int, tuple[str, str]] = {}
         for ln in norms:
@@ -182,9 +195,12 @@ class RowStatistics:
         if self.sums:
             w.emit("ln_wsum = tl.zeros([16, BN], dtype=tl.float32)")
             w.emit("ln_r16 = tl.arange(0, 16)")
+        def chunk_tile() -> Tile:  # a fresh one per loop: loads are not shared across loops
+            return Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"}, {"rm": m_bound, "rk": f"(rk[None, :] < {k})"})
+
         with w.block("if SPLIT > 1:") if self.deferred else nullcontext():
             for loop in self._loops():
-                tile = Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"}, {"rm": m_bound, "rk": f"(rk[None, :] < {k})"})
+                tile = chunk_tile()
                 with w.block(f"for k1 in tl.range(0, {k}, BK, num_stages={STATS_STAGES}):"):
                     w.emit("rk = k1 + tl.arange(0, BK)")
                     self._chunk("k1")
@@ -193,6 +209,14 @@ class RowStatistics:
                 self._rstd(loop)
                 for j, ln in loop:  # a later loop's norm reads these
                     self.names[id(ln)] = (f"ln{j}_mean", f"ln{j}_rstd")
+        if self.lanes:
+            with w.block("else:"):  # the shift: the first chunk's mean (pid_k is 0); the sums start empty
+                w.emit("rk = tl.arange(0, BK)")
+                w.emit(f"ln_in_row = rk[None, :] < {k}")
+                x = w.value(self.norms[0].inputs[0], chunk_tile(), self.a_index)
+                w.emit(f"ln0_shift += tl.sum(tl.where(ln_in_row, {x}, 0.0), axis=1) / tl.sum(ln_in_row.to(tl.float32))")
+                w.emit("ln0_s1 = tl.zeros([BM, BK], dtype=tl.float32)")
+                w.emit("ln0_s2 = tl.zeros([BM, BK], dtype=tl.float32)")
 
     def _loops(self) -> list[list[tuple[int, Instruction]]]:
         """The norms (with their numbers) by statistics loop: a norm goes one loop after the
@@ -230,6 +254,10 @@ class RowStatistics:
             return
         w, ln = self.w, self.norms[0]
         with w.block("if SPLIT == 1:"):
+            if self.lanes:
+                w.emit("ln_t1 = tl.sum(ln0_s1, axis=1)")
+                w.emit(f"ln0_mean = ln0_shift + ln_t1 / {self.k}.0")
+                w.emit(f"ln0_m2 = tl.maximum(tl.sum(ln0_s2, axis=1) - ln_t1 * ln_t1 / {self.k}.0, 0.0)")
             self._rstd([(0, ln)])
             if self.sums:
                 offset = "(ln0_mean - ln0_shift)" if ln.op.center else "(-ln0_shift)"  # an RMS norm's rows keep their mean
@@ -292,11 +320,17 @@ class RowStatistics:
                 return self.w.let(normalized)
             name = self.w.fresh("lna")
             with self.w.block("if SPLIT == 1:"):  # the rows less their first chunk's mean, folded into their statistics
-                self._chunk("k0")
-                chunk_mean = self._combine("ln0", x)
-                self.w.emit(f"ln0_shift = tl.where(ln_seen == 0, {chunk_mean}, ln0_shift)")
+                if self.lanes:
+                    shifted = self.w.let(f"tl.where(rk[None, :] < {self.k}, {x} - ln0_shift[:, None], 0.0)", "sh")
+                    self.w.emit(f"ln0_s1 += {shifted}")
+                    self.w.emit(f"ln0_s2 += {shifted} * {shifted}")
+                else:
+                    self._chunk("k0")
+                    chunk_mean = self._combine("ln0", x)
+                    self.w.emit(f"ln0_shift = tl.where(ln_seen == 0, {chunk_mean}, ln0_shift)")
+                    shifted = f"{x} - ln0_shift[:, None]"
                 gamma, beta = affine or ("1.0", "0.0")
-                self.w.emit(f"{name} = ({x} - ln0_shift[:, None]) * {gamma}" if affine else f"{name} = {x} - ln0_shift[:, None]")
+                self.w.emit(f"{name} = ({shifted}) * {gamma}" if affine else f"{name} = {shifted}")
                 if self.sums:
                     # the 16 rows whose product with the B tile adds gamma * W and beta * W (gamma and beta
                     # ignore the row: `deferrable`), zero past K as their loads are
