@@ -13,7 +13,10 @@ Cases (ConvNeXt-T's shapes at batch 1):
                     7x7 + bias, to channels-last, layernorm, linear to 4C + erf GELU, linear
                     back, to channels-first, residual add
 
-    PYTHONPATH=. python3 tools/tune_sweep.py [--cases convnext_head,convnext_s2] [--out DIR]
+    PYTHONPATH=. python3 tools/tune_sweep.py [--cases convnext_head,convnext_s2] [--out DIR] [--case-seconds S]
+
+A case that runs past --case-seconds (a config whose build does not end, say) is stopped with
+every process it started, and the sweep goes on with the next case.
     python3 tools/tune_sweep.py --write-only DIR   # the ONNX files alone (no GPU needed)
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,11 +87,26 @@ def case_model(case: str) -> onnx.ModelProto:
     raise SystemExit(f"unknown case {case!r}; the cases: {', '.join(CASES)}")
 
 
+def run_case(cmd: list[str], env: dict[str, str], log: Path, seconds: float) -> str:
+    """Run one case's command with its output in `log`; "rc=N", or what stopped it. The command
+    runs in a session of its own, so a timeout ends its build workers with it."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return f"rc={proc.wait(timeout=seconds)}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return f"stopped after {seconds:g} s"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--out", default="", help="folder for the tuning report and the perf logs (default: a temporary one)")
     parser.add_argument("--write-only", metavar="DIR", help="write the cases' ONNX files to DIR and stop")
+    parser.add_argument("--case-seconds", type=float, default=240.0,
+                        help="stop a case (and its build workers) after this long and go on (default 240)")
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     scratch = Path(tempfile.mkdtemp(prefix="tune-sweep-"))  # the models (up to 19 MB) and a fresh kernel cache
@@ -105,11 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     report.unlink(missing_ok=True)
     env = {**os.environ, "FUSEGRAPH_TUNING_REPORT": str(report), "FUSEGRAPH_CACHE_DIR": str(scratch / "cache")}
     for c, p in paths.items():
-        with open(out / f"{c}.log", "w") as log:
-            rc = subprocess.run([sys.executable, "-m", "fusegraph.driver.cli", "perf", str(p), "--fp16", "--exhaustive-tune",
-                                 "--configs"], env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        cmd = [sys.executable, "-m", "fusegraph.driver.cli", "perf", str(p), "--fp16", "--exhaustive-tune", "--configs"]
+        status = run_case(cmd, env, out / f"{c}.log", args.case_seconds)
         total = [line for line in open(out / f"{c}.log") if line.startswith("Total time")]
-        print(f"{c}: rc={rc} {total[0].strip() if total else '(no total: see ' + str(out / (c + '.log')) + ')'}", flush=True)
+        print(f"{c}: {status} {total[0].strip() if total else '(no total: see ' + str(out / (c + '.log')) + ')'}", flush=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from tuning_summary import main as summary
 
