@@ -44,9 +44,10 @@ TINY_TUNE = 2
 # column blocks unsplit and split in two first (FEW_ROWS_FIRST), then the general list, whose
 # first TINY_TUNE candidates the default tune also times; the other 16-row tiles, and all of
 # them for small weights (an SE block's FCs, which the launch dominates), are for the
-# exhaustive tune. A 64-row tile of one row stores 63 idle rows into the split-k workspace:
-# ConvNeXt-T's classifier (1 x 768 -> 1000, a layernorm computed as it loads) took 13 us
-# under 32x64 split 4 on an H100.
+# exhaustive tune. A 64-row tile of one row stores 63 idle rows into the split-k workspace.
+# On an H100 EfficientNet-B1's classifier (1 x 1280 -> 1000) picked 16x32 unsplit at 4.6 us;
+# ConvNeXt-T's (1 x 768 -> 1000, a layernorm computed as it loads) took 11-13 us under every
+# one of its 35 candidates, 16-row or not: its time is the prologue's (gemm_prologue.py).
 FEW_ROWS = 16
 FEW_ROWS_WEIGHTS = 1 << 18
 FEW_ROWS_FIRST = ((32, 1), (64, 1), (32, 2), (64, 2))  # (BN, SPLIT)
