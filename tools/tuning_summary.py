@@ -14,6 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree's fusegraph
+
+from fusegraph.targets.gpu.kernel_source import DEFAULT_TUNE_CONFIGS  # noqa: E402
 
 
 def _short(config: dict[str, int]) -> str:
@@ -26,7 +32,7 @@ def rows(lines: list[str]) -> list[tuple[float, str]]:
     for line in lines:
         r = json.loads(line)
         times = [t if math.isfinite(t) else math.inf for t in r["ms"]]
-        first = r.get("default_tune", 6)
+        first = r.get("default_tune", DEFAULT_TUNE_CONFIGS)  # reports written before it was recorded
         d = min(range(min(first, len(times))), key=times.__getitem__)
         b = min(range(len(times)), key=times.__getitem__)
         lost = (times[d] - times[b]) * 1e3

@@ -218,3 +218,14 @@ def test_a_computed_operand_is_loaded_a_chunk_ahead():
     for model in (plain, se):
         (kernel,) = api.compile(parse_onnx(model), "gpu", tune=False).kernels
         assert "rk_ahead" not in kernel.src.source
+
+
+def test_a_misspelt_lane_statistics_setting_is_an_error_naming_it(monkeypatch):
+    """`FUSEGRAPH_LANE_STATS=yes` would otherwise leave the default in force without a word."""
+    from fusegraph.errors import FusegraphError
+
+    monkeypatch.setenv(LANE_STATS_ENV, "yes")
+    model = make_model([node("LayerNormalization", ["x", "g", "bt"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"])],
+                       {"x": [1, 4, 96]}, ["y"], {"g": rand(96, seed=1), "bt": rand(96, seed=2), "w": rand(96, 8, seed=3)})
+    with pytest.raises(FusegraphError, match="FUSEGRAPH_LANE_STATS='yes': use 1 .* or 0"):
+        api.compile(parse_onnx(model), "gpu", tune=False)

@@ -10,7 +10,6 @@ template.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from dataclasses import replace
 from typing import Any
@@ -23,6 +22,7 @@ from fusegraph.ops.base import is_fused, is_literal
 from fusegraph.targets.gpu.activation_layout import choose_activation_layouts
 from fusegraph.targets.gpu.anchor import find_anchor
 from fusegraph.targets.gpu.device import current_device
+from fusegraph.targets.gpu.errors import switch_setting
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_CAPABILITY, DEPENDENT_LAUNCH_ENV, KernelSource, with_dependent_launch
 from fusegraph.targets.gpu.kernel_writer import CodegenError, KernelInputs
 from fusegraph.targets.gpu.memory_plan import MemoryPlan, physical_shape, plan_memory, stored_buffer_input, strided_shape
@@ -87,10 +87,8 @@ def launches_early(fused: Instruction) -> bool:
     (`kernel_source.with_dependent_launch`): by default a kernel of at most
     EARLY_LAUNCH_MAX_ELEMENTS outputs on a GPU that has it (compute capability 9.0 and later; a
     build without a GPU targets the H200); `FUSEGRAPH_DEPENDENT_LAUNCH=1` every kernel, `=0` none."""
-    setting = os.environ.get(DEPENDENT_LAUNCH_ENV, "")
-    if setting not in ("", "0", "1"):
-        raise CodegenError(f"{DEPENDENT_LAUNCH_ENV}={setting!r}: use 1 (every kernel launched early) or 0 (none); "
-                           "unset: the short kernels on a GPU that has it")
+    setting = switch_setting(DEPENDENT_LAUNCH_ENV, "every kernel launched early",
+                             "none; unset: the short kernels on a GPU that has it")
     if setting:
         return setting == "1"
     return (current_device().capability >= DEPENDENT_LAUNCH_CAPABILITY

@@ -189,7 +189,8 @@ def _configs(spec: GemmSpec) -> list[Config]:
         if chunks >= 8 and f <= chunks // 2 and t.tiles(64, 128) < MANY_TILES:
             out += [t.config(bm, bn, 64, 4, 4, f) for bm, bn in ((64, 64), (32, 64), (32, 32))]
     if spec.m <= FEW_ROWS:  # a product of a row or a few: 16-row tiles (see FEW_ROWS)
-        first = [t.config(16, bn, 64, 4, 4, f) for bn, f in FEW_ROWS_FIRST if f == 1 or f <= chunks // 2]
+        splits = [f for f in (1, 2, 4, 8) if f == 1 or f <= chunks // 2]
+        first = [t.config(16, bn, 64, 4, 4, f) for bn, f in FEW_ROWS_FIRST if f in splits]
         out = (first if few_rows_first(spec) else []) + out + [
-            t.config(16, bn, 64, 4, 4, f) for bn in (32, 64, 128) for f in (1, 2, 4, 8) if f == 1 or f <= chunks // 2]
+            t.config(16, bn, 64, 4, 4, f) for bn in (32, 64, 128) for f in splits]
     return [c for k, c in enumerate(out) if c not in out[:k]]

@@ -22,7 +22,6 @@ the rows are stored after it too, each column block storing its share of the chu
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from typing import Callable
 
@@ -30,6 +29,7 @@ from fusegraph.ir.index_expr import Var, free_vars
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.ir.zero_sum_columns import columns_sum_to_zero
 from fusegraph.ops.base import OpKind, is_load, is_select
+from fusegraph.targets.gpu.errors import switch_setting
 from fusegraph.targets.gpu.kernel_writer import Index, KernelInputs, KernelWriter, Tile
 
 
@@ -172,7 +172,8 @@ class RowStatistics:
                  sums_vanish: bool = False) -> None:
         self.w, self.norms, self.a_index, self.k, self.deferred = w, norms, a_index, k, deferred
         self.sums = deferred and not sums_vanish  # the k loop takes W's weighted column sums
-        self.lanes = deferred and os.environ.get(LANE_STATS_ENV, "0") == "1"  # statistics summed lane by lane
+        self.lanes = deferred and switch_setting(LANE_STATS_ENV, "statistics summed lane by lane",
+                                                 "reduced chunk by chunk, the default") == "1"
         self.final = False  # true while the rows are stored after a deferred product
         self.names: dict[int, tuple[str, str]] = {}
         for ln in norms:
@@ -195,6 +196,7 @@ class RowStatistics:
         if self.sums:
             w.emit("ln_wsum = tl.zeros([16, BN], dtype=tl.float32)")
             w.emit("ln_r16 = tl.arange(0, 16)")
+
         def chunk_tile() -> Tile:  # a fresh one per loop: loads are not shared across loops
             return Tile({"rm": "rm[:, None]", "rk": "rk[None, :]", "gz": "gz"}, {"rm": m_bound, "rk": f"(rk[None, :] < {k})"})
 

@@ -17,12 +17,11 @@ launch's wait, since a kernel launched early may get the scratch its predecessor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from fusegraph.ir.index_expr import Const, Expr, Sum, Var, to_source
 from fusegraph.targets.gpu.device import current_device
-from fusegraph.targets.gpu.errors import CodegenError
+from fusegraph.targets.gpu.errors import switch_setting
 
 TMA_ENV = "FUSEGRAPH_TMA"
 TMA_CAPABILITY = 90  # sm_90 (Hopper) has the tensor memory accelerator
@@ -40,10 +39,7 @@ def tma_wanted(interpret: bool) -> bool:
     before its first copy, and at 6 to 48 k chunks per tile that is not won back. A persistent
     schedule, which makes them once per multiprocessor, did beat pointer loads on the fc1 shapes
     (bench/results/gemm-schedules-h100.md); this is its operand half."""
-    setting = os.environ.get(TMA_ENV, "")
-    if setting not in ("", "0", "1"):
-        raise CodegenError(f"{TMA_ENV}={setting!r}: use 1 (tensor-memory-accelerator loads wherever an operand allows) "
-                           "or 0 (none, the default)")
+    setting = switch_setting(TMA_ENV, "tensor-memory-accelerator loads wherever an operand allows", "none, the default")
     return setting == "1" and (interpret or current_device().capability >= TMA_CAPABILITY)
 
 
