@@ -16,9 +16,9 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   where the statistics come free after a depthwise convolution (=0; the default is =free);
   fusegraph-stats-apart: deferred by the rule,
   their row statistics in kernels of their own instead of the epilogues of the products
-  writing the rows (FUSEGRAPH_JOIN_ROW_STATS=0); fusegraph-lane-stats: a deferred layernorm
-  prologue's statistics summed lane by lane, reduced once after the k loop
-  (FUSEGRAPH_LANE_STATS=1, templates/gemm_prologue.py; opt-in); not in the default modes;
+  writing the rows (FUSEGRAPH_JOIN_ROW_STATS=0); fusegraph-chunk-stats: a deferred layernorm
+  prologue's statistics reduced across the tile chunk by chunk instead of summed lane by lane
+  (FUSEGRAPH_LANE_STATS=0, templates/gemm_prologue.py); not in the default modes;
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -68,7 +68,7 @@ from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 from fusegraph.targets.gpu.templates.gemm_prologue import LANE_STATS_ENV
 
 MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-defer", "fusegraph-defer-all", "fusegraph-norms-kept",
-         "fusegraph-stats-apart", "fusegraph-lane-stats", "eager", "compile", "max-autotune")
+         "fusegraph-stats-apart", "fusegraph-chunk-stats", "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -162,7 +162,7 @@ FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: ""},
                    "fusegraph-defer": {DEFER_NORMS_ENV: "1"}, "fusegraph-defer-all": {DEFER_NORMS_ENV: "all"},
                    "fusegraph-norms-kept": {DEFER_NORMS_ENV: "0"},
                    "fusegraph-stats-apart": {DEFER_NORMS_ENV: "1", JOIN_ROW_STATS_ENV: "0"},
-                   "fusegraph-lane-stats": {LANE_STATS_ENV: "1"}}
+                   "fusegraph-chunk-stats": {LANE_STATS_ENV: "0"}}
 
 
 def run_fusegraph(case: Case, iters: int, mode: str = "fusegraph") -> Row:

@@ -93,10 +93,10 @@ def test_a_file_written_mid_run_says_what_it_lacks_and_the_last_write_replaces_i
     assert "written:" in capsys.readouterr().out
 
 
-def test_each_fusegraph_mode_is_a_mode_and_lane_stats_builds_lane_sums():
+def test_each_fusegraph_mode_is_a_mode_and_chunk_stats_builds_no_lane_sums():
     """Every fusegraph contender's settings name a mode of the command line; under
-    fusegraph-lane-stats's settings a layernorm before a product sums its statistics lane by
-    lane (and not under the default's)."""
+    the default's a layernorm before a product sums its statistics lane by lane, and under
+    fusegraph-chunk-stats's it does not."""
     import contextlib
 
     from fusegraph import api, parse_onnx
@@ -106,7 +106,7 @@ def test_each_fusegraph_mode_is_a_mode_and_lane_stats_builds_lane_sums():
     assert set(bm.FUSEGRAPH_MODES) <= set(bm.MODES)
     model = make_model([node("LayerNormalization", ["x", "g", "b"], ["t"], axis=-1), node("MatMul", ["t", "w"], ["y"])],
                        {"x": [1, 4, 96]}, ["y"], {"g": rand(96, seed=1), "b": rand(96, seed=2), "w": rand(96, 8, seed=3)})
-    for mode, lanes in (("fusegraph", False), ("fusegraph-lane-stats", True)):
+    for mode, lanes in (("fusegraph", True), ("fusegraph-chunk-stats", False)):
         with contextlib.ExitStack() as settings:
             for name, value in bm.FUSEGRAPH_MODES[mode].items():
                 settings.enter_context(bm.environment(name, value))

@@ -23,7 +23,7 @@ FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 
 @pytest.fixture(params=["0", "1"], ids=["chunk-stats", "lane-stats"])
 def lane_stats(request, monkeypatch) -> bool:
-    """Both ways a deferred prologue takes its statistics (`LANE_STATS_ENV`, opt-in)."""
+    """Both ways a deferred prologue takes its statistics (`LANE_STATS_ENV`: lane sums by default)."""
     monkeypatch.setenv(LANE_STATS_ENV, request.param)
     return request.param == "1"
 

@@ -36,12 +36,12 @@ from fusegraph.targets.gpu.kernel_writer import Index, KernelInputs, KernelWrite
 # Chunks of the statistics loop in flight at once: its loads do not depend on each other, and
 # the loop is pipelined as a product's k loop is, instead of waiting out each load in turn.
 STATS_STAGES = 3
-# "1": a deferred prologue's k loop sums each chunk's shifted rows lane by lane and reduces once
-# after the loop (`RowStatistics`); unset or "0": two reductions across the tile per chunk, as
-# measured so far. ConvNeXt-T's 1-row classifier (layernorm over 768 -> 1000) took 11-13 us
-# under every one of its 35 candidates, against 4.6 us for EfficientNet-B1's plain one-row
-# classifier of 1280 -> 1000 on the same H100; the per-chunk reductions are the suspects.
-# Opt-in until timed on a GPU: `bench/models.py --modes fusegraph,fusegraph-lane-stats`.
+# Unset or "1" (the default): a deferred prologue's k loop sums each chunk's shifted rows lane
+# by lane and reduces once after the loop (`RowStatistics`); "0": two reductions across the tile
+# per chunk, kept to measure against (`bench/models.py --modes fusegraph,fusegraph-chunk-stats`).
+# On an H100 (fp16, batch 1, bench/results/models-lane-ab-h100.md) the lane sums took
+# ConvNeXt-T's 1-row classifier (layernorm over 768 -> 1000) from 12.9 to 4.9 us and ViT-S/16's
+# layernorm products from 5.0 to 4.1 us (QKV) and 6.2 to 5.3 us (fc1): ViT-S/16 0.323 -> 0.295 ms.
 LANE_STATS_ENV = "FUSEGRAPH_LANE_STATS"
 
 
@@ -158,11 +158,11 @@ class RowStatistics:
     over A and no loop before the product; rows the group stores are written after the
     correction, from the final statistics. The shift is each row's first chunk's mean: rows
     far from zero (a mean of 300, a spread of 1) would otherwise leave a float32 accumulator to
-    cancel 300 * colsum(W) against itself. With `LANE_STATS_ENV`=1 the loop folds no chunk
-    into the statistics: it adds the shifted values and their squares lane by lane into two
-    [BM, BK] float32 sums, reduced once after the loop into the mean and the squared deviations
-    (the shift, taken before the loop from the first chunk, keeps the squares from cancelling
-    300^2 against 1). Split-k programs see only part of K, so with
+    cancel 300 * colsum(W) against itself. The loop folds no chunk into the statistics (unless
+    `LANE_STATS_ENV`=0, which reduces each chunk across the tile as it comes): it adds the
+    shifted values and their squares lane by lane into two [BM, BK] float32 sums, reduced once
+    after the loop into the mean and the squared deviations (the shift, taken before the loop
+    from the first chunk, keeps the squares from cancelling 300^2 against 1). Split-k programs see only part of K, so with
     SPLIT > 1 the kernel keeps the statistics loop (a constexpr branch: each config builds one
     of the two). With tf32 the shifted rows would lose bits to its rounding, so it is not
     deferred there.
@@ -172,8 +172,8 @@ class RowStatistics:
                  sums_vanish: bool = False) -> None:
         self.w, self.norms, self.a_index, self.k, self.deferred = w, norms, a_index, k, deferred
         self.sums = deferred and not sums_vanish  # the k loop takes W's weighted column sums
-        self.lanes = deferred and switch_setting(LANE_STATS_ENV, "statistics summed lane by lane",
-                                                 "reduced chunk by chunk, the default") == "1"
+        self.lanes = deferred and switch_setting(LANE_STATS_ENV, "statistics summed lane by lane, the default",
+                                                 "reduced chunk by chunk") != "0"
         self.final = False  # true while the rows are stored after a deferred product
         self.names: dict[int, tuple[str, str]] = {}
         for ln in norms:
