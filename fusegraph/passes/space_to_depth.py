@@ -14,6 +14,11 @@ a 3x3 one of stride 1 over it:
 
 The pad becomes one data-movement kernel that writes the blocks channels-last, and the
 convolution reads 16 channels per pixel: tap-major, in 16-byte vector copies.
+
+A patch embedding (a window as large as its stride, no padding: ConvNeXt's and Swin's 4x4 stem
+of stride 4) is left alone. Its windows do not overlap, so read in place each pixel is read
+once, in runs of s neighbours, and the blocks would only be a copy of the image in front of
+the convolution: a kernel of its own for nothing the convolution lacks.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def block_stride(conv: Instruction) -> int:
     if s < 2 or a["stride"][1] != s or channels % CHANNEL_MULTIPLE == 0 or channels * s * s > MAX_CHANNELS:
         return 0
     sizes = (*x.shape.lens[2:], *w.shape.lens[2:], *a["padding"])
+    if tuple(w.shape.lens[2:]) == (s, s) and not any(a["padding"]):
+        return 0  # a patch embedding: read in place, each pixel once
     return s if all(n % s == 0 for n in sizes) else 0
 
 

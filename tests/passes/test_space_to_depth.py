@@ -28,7 +28,7 @@ def first_conv(program):
 
 @pytest.mark.parametrize("c,k,s,pads,hw", [(3, 6, 2, (2, 2, 2, 2), (12, 16)),   # YOLOv5's first layer
                                            (1, 4, 2, (0, 2, 2, 0), (8, 10)),    # one channel, uneven pads
-                                           (3, 2, 2, (0, 0, 0, 0), (6, 8)),     # patches (a 1x1 after the rewrite)
+                                           (3, 4, 2, (0, 0, 0, 0), (6, 8)),     # no padding, windows overlapping
                                            (2, 6, 3, (3, 0, 0, 3), (12, 9)),    # stride 3: 18 channels padded to 32
                                            (12, 4, 2, (2, 2, 2, 2), (8, 8))])   # 48 channels
 def test_rewrite_computes_the_same_convolution(c, k, s, pads, hw):
@@ -53,7 +53,9 @@ def test_rewrite_computes_the_same_convolution(c, k, s, pads, hw):
                                     dict(pads=(1, 1, 1, 1)),                # odd padding
                                     dict(hw=(13, 16), pads=(2, 2, 2, 2)),   # odd height
                                     dict(c=16),                             # already 16 channels a tap
-                                    dict(c=17)])                            # 68 block channels: too wide
+                                    dict(c=17),                             # 68 block channels: too wide
+                                    dict(k=2, pads=(0, 0, 0, 0)),           # patches: each pixel read once
+                                    dict(k=4, s=4, pads=(0, 0, 0, 0), hw=(8, 12))])  # ConvNeXt's and Swin's stem
 def test_leaves_other_convolutions_alone(kwargs):
     program = parse_onnx(conv_model(**kwargs))
     assert block_stride(first_conv(program)) == 0
@@ -67,6 +69,29 @@ def test_yolov5s_first_convolution_reads_blocks():
     assert tuple(conv.inputs[0].shape.lens) == (1, 16, 80, 80) and tuple(conv.inputs[1].shape.lens) == (32, 16, 3, 3)
     assert conv.op.attrs["padding"] == (1, 1, 1, 1)
     assert sum(1 for i in program.main if i.op.name == "pad") == 1
+
+
+def test_a_patch_embedding_runs_in_place_on_the_gpu_target():
+    model = conv_model(c=3, m=8, k=4, s=4, pads=(0, 0, 0, 0), hw=(8, 12))
+    inputs = random_inputs(parse_onnx(model).input_shapes, seed=5)
+    want = api.run(parse_onnx(model), inputs)["y"]
+    compiled = api.compile(parse_onnx(model), "gpu", tune=False)
+    assert [k.src.template for k in compiled.kernels] == ["gemm"]
+    assert rel_err(compiled.run(inputs)["y"], want) < 2e-5
+
+
+def test_convnext_stem_reads_the_image_in_place():
+    """ConvNeXt-T's 4x4 stem of stride 4 is a patch embedding: no block copy in front of it, its
+    kernel reads the image itself."""
+    from fusegraph.ops.base import OpKind, is_fused
+    from fusegraph.passes.pipeline import fuse
+
+    program = parse_onnx("convnext_tiny")
+    fuse(program)
+    kernels = [i for i in program.main if is_fused(i)]
+    assert not any(k.op.attrs["kernel"] == "pad" for k in kernels)
+    stem = next(k for k in kernels if k.op.attrs["kernel"].startswith("conv"))
+    assert any(x.op.kind == OpKind.PARAM for x in stem.inputs)
 
 
 def test_block_weights_match_the_pixels_they_multiply():
