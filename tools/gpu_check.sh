@@ -61,7 +61,7 @@ for s in $steps; do
              step perf_free timeout 120 $py -m fusegraph.driver.cli perf convnext_tiny --fp16 --configs
              step floors_free timeout 60 $py bench/kernel_floors.py "$out/perf_free.log" --model convnext_tiny --fp16 ;;
     defer_tests) step defer_tests timeout 120 $py -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_defer_norm.py ;;
-    lane_ab) step lane_ab timeout ${MODELS_S:-200} $py bench/models.py --batches 1 --models ${MODELS:-convnext_tiny,vit_small_patch16_224} --modes fusegraph,fusegraph-chunk-stats,compile --name models-lane-ab --budget-s $(( ${MODELS_S:-200} - 20 ))  # deferred layernorm statistics summed lane by lane (the default) against per-chunk reductions
+    lane_ab) step lane_ab timeout ${MODELS_S:-200} $py bench/models.py --batches ${LANE_BATCHES:-1} --models ${MODELS:-convnext_tiny,vit_small_patch16_224} --modes fusegraph,fusegraph-chunk-stats,compile --name models-lane-ab --budget-s $(( ${MODELS_S:-200} - 20 ))  # deferred layernorm statistics summed lane by lane (the default) against per-chunk reductions
              step lane_head timeout 90 $py tools/tune_sweep.py --cases convnext_head --out "$out/sweep-lanes"  # ConvNeXt-T's 1-row classifier under every candidate
              for lanes in 0 1; do  # ViT-S/16's kernels each way (24 layernorm products at batch 1)
                step perf_vit_lanes$lanes timeout 90 env FUSEGRAPH_LANE_STATS=$lanes $py -m fusegraph.driver.cli perf vit_small_patch16_224 --fp16 --configs; done ;;
