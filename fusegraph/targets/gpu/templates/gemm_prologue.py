@@ -162,9 +162,9 @@ class RowStatistics:
     `LANE_STATS_ENV`=0, which reduces each chunk across the tile as it comes): it adds the
     shifted values and their squares lane by lane into two [BM, BK] float32 sums, reduced once
     after the loop into the mean and the squared deviations (the shift, taken before the loop
-    from the first chunk, keeps the squares from cancelling 300^2 against 1). Split-k programs see only part of K, so with
-    SPLIT > 1 the kernel keeps the statistics loop (a constexpr branch: each config builds one
-    of the two). With tf32 the shifted rows would lose bits to its rounding, so it is not
+    from the first chunk, keeps the squares from cancelling 300^2 against 1). Split-k programs
+    see only part of K, so with SPLIT > 1 the kernel keeps the statistics loop (a constexpr
+    branch: each config builds one of the two). With tf32 the shifted rows would lose bits to its rounding, so it is not
     deferred there.
     """
 
