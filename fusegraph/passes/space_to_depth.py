@@ -49,9 +49,9 @@ def block_stride(conv: Instruction) -> int:
     channels = x.shape.lens[1]
     if s < 2 or a["stride"][1] != s or channels % CHANNEL_MULTIPLE == 0 or channels * s * s > MAX_CHANNELS:
         return 0
-    sizes = (*x.shape.lens[2:], *w.shape.lens[2:], *a["padding"])
     if tuple(w.shape.lens[2:]) == (s, s) and not any(a["padding"]):
         return 0  # a patch embedding: read in place, each pixel once
+    sizes = (*x.shape.lens[2:], *w.shape.lens[2:], *a["padding"])
     return s if all(n % s == 0 for n in sizes) else 0
 
 

@@ -45,9 +45,10 @@ TINY_TUNE = 2
 # first TINY_TUNE candidates the default tune also times; the other 16-row tiles, and all of
 # them for small weights (an SE block's FCs, which the launch dominates), are for the
 # exhaustive tune. A 64-row tile of one row stores 63 idle rows into the split-k workspace.
-# On an H100 EfficientNet-B1's classifier (1 x 1280 -> 1000) picked 16x32 unsplit at 4.6 us;
-# ConvNeXt-T's (1 x 768 -> 1000, a layernorm computed as it loads) took 11-13 us under every
-# one of its 35 candidates, 16-row or not: its time is the prologue's (gemm_prologue.py).
+# On an H100 EfficientNet-B1's classifier (1 x 1280 -> 1000) picked 16x32 unsplit at 4.6 us,
+# and ConvNeXt-T's (1 x 768 -> 1000, a layernorm computed as it loads) 16x32 unsplit at 4.9 us
+# once the prologue summed its statistics lane by lane (11-13 us under all 35 candidates before:
+# gemm_prologue.py).
 FEW_ROWS = 16
 FEW_ROWS_WEIGHTS = 1 << 18
 FEW_ROWS_FIRST = ((32, 1), (64, 1), (32, 2), (64, 2))  # (BN, SPLIT)

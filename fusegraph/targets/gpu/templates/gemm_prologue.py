@@ -164,8 +164,8 @@ class RowStatistics:
     after the loop into the mean and the squared deviations (the shift, taken before the loop
     from the first chunk, keeps the squares from cancelling 300^2 against 1). Split-k programs
     see only part of K, so with SPLIT > 1 the kernel keeps the statistics loop (a constexpr
-    branch: each config builds one of the two). With tf32 the shifted rows would lose bits to its rounding, so it is not
-    deferred there.
+    branch: each config builds one of the two). With tf32 the shifted rows would lose bits to
+    its rounding, so it is not deferred there.
     """
 
     def __init__(self, w: KernelWriter, norms: list[Instruction], a_index: Index, k: int, deferred: bool = False,
