@@ -345,7 +345,9 @@ def split_k_fixup(w: KernelWriter) -> None:
         w.emit("owner = is_last")
         with w.block("if is_last:"):
             w.emit("acc = tl.zeros([BM, BN], dtype=tl.float32)")
-            with w.block("for s in range(SPLIT):"):
+            # unrolled, so every slot's load is in flight at once: a rolled loop waits out an
+            # L2 round trip per slot (SPLIT of them) before the epilogue can start
+            with w.block("for s in tl.static_range(SPLIT):"):
                 # past L1: the slots were written by other programs, maybe on other SMs
                 w.emit('acc += tl.load(ws + (tile * SPLIT + s) * (BM * BN) + wt, cache_modifier=".cg")')
             w.emit("tl.atomic_xchg(cnt + tile, 0)")
