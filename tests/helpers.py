@@ -23,6 +23,20 @@ def make_model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, Sequence[int]]
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
+def embedding_model(vocab: int = 50, types: int = 4, seq: int = 8, width: int = 32) -> onnx.ModelProto:
+    """BERT's embeddings in small: word and token-type rows gathered by int64 ids [2, seq], their
+    sum plus a position table, then a layernorm over `width`."""
+    nodes = [helper.make_node("Gather", ["word", "ids"], ["w"]), helper.make_node("Gather", ["types", "tt"], ["t"]),
+             helper.make_node("Add", ["w", "t"], ["s"]), helper.make_node("Add", ["s", "pos"], ["e"]),
+             helper.make_node("LayerNormalization", ["e", "g", "b"], ["y"], axis=-1)]
+    tables = {"word": rand(vocab, width, seed=1), "types": rand(types, width, seed=2), "pos": rand(1, seq, width, seed=3),
+              "g": rand(width, seed=4), "b": rand(width, seed=5)}
+    ids = [helper.make_tensor_value_info(k, TensorProto.INT64, [2, seq]) for k in ("ids", "tt")]
+    graph = helper.make_graph(nodes, "embeddings", ids, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in tables.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
 def conv_silu_add_model(seed: int) -> onnx.ModelProto:
     """x[1,3,8,8] -> Conv 3x3 (bias, weights from `seed`) -> SiLU -> + y broadcast per channel:
     one anchor with an epilogue and a side input, the smallest model that exercises a fused kernel."""

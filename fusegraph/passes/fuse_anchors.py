@@ -326,6 +326,13 @@ def _pointwise(ins: Instruction, at: IndexMap) -> bool:
     return ins.op.kind == OpKind.POINTWISE
 
 
+def _per_element(ins: Instruction, at: IndexMap) -> bool:
+    """Pointwise producers and the movement ops that find each element on their own (a gather,
+    a pad), recomputed: a reduction reads each element once, so a gathered row costs its load
+    there as in a kernel of its own (BERT's embedding lookups in front of their sum's layernorm)."""
+    return _pointwise(ins, at) or (ins.op.family == "movement" and not ins.op.concatenates)
+
+
 class FuseAnchors:
     """One fused instruction per anchor, with its prologue (views, and for a product what
     `PrologueRule` accepts) and its invertible epilogue."""
@@ -405,7 +412,7 @@ class FuseReductions(FuseAnchors):
     kinds = (OpKind.REDUCE,)
 
     def prologue(self, module: Module, anchor: Instruction) -> Callable[[Instruction, IndexMap], bool]:
-        return _pointwise
+        return _per_element
 
 
 class FuseMovement(FuseAnchors):

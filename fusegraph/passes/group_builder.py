@@ -83,6 +83,11 @@ class GroupBuilder:
         elif src.op.concatenates and self.inline(src, cur):
             value = self._select(src, cur, domain)
             self.inlined.append(src)
+        elif (src.op.family == "movement" and not src.op.concatenates and not domain
+              and cur == identity_map(src.shape.lens) and self.inline(src, cur)):
+            # a gather or a pad read where it writes: it finds its elements itself, as in its own kernel
+            value = self.add(src.op, [self.gather(x) for x in src.inputs], src.origin)
+            self.inlined.append(src)
         elif src.op.algorithm == "layernorm" and self.inline(src, cur):
             # the rows keep their last axis whole (the rule checked): normalize over it here
             value = self.add(type(src.op)(cur.out_rank - 1, src.op.attrs["epsilon"]),

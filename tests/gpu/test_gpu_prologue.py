@@ -16,7 +16,7 @@ from fusegraph.ops.reduce import LayerNorm
 from fusegraph.ops.source import add_param
 from fusegraph.targets.gpu.templates.gemm_prologue import LANE_STATS_ENV
 from tests.gpu.test_gpu_kernels import TOL, _run_configs, check_gpu, node
-from tests.helpers import make_model, rand, rel_err
+from tests.helpers import embedding_model, make_model, rand, rel_err
 
 FP16_TOL = 2e-2  # fp16 operands and outputs against the fp32 reference
 
@@ -229,3 +229,18 @@ def test_a_misspelt_lane_statistics_setting_is_an_error_naming_it(monkeypatch):
                        {"x": [1, 4, 96]}, ["y"], {"g": rand(96, seed=1), "bt": rand(96, seed=2), "w": rand(96, 8, seed=3)})
     with pytest.raises(FusegraphError, match="FUSEGRAPH_LANE_STATS='yes': use 1 .* or 0"):
         api.compile(parse_onnx(model), "gpu", tune=False)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_gathered_rows_summed_and_normalized_in_one_kernel(fp16):
+    """BERT's embeddings: both lookups run inside the layernorm's row kernel."""
+    compiled = check_gpu(embedding_model(), tolerance=FP16_TOL if fp16 else TOL, fp16=fp16)
+    assert [(k.src.template, k.src.kernel_name) for k in compiled.kernels] == [("reduction", "gather_add_layernorm")]
+
+
+def test_a_reflect_pad_in_front_of_a_softmax_is_in_its_kernel():
+    pads = np.array([0, 0, 1, 0, 0, 2], dtype=np.int64)
+    model = make_model([node("Pad", ["x", "p"], ["q"], mode="reflect"), node("Softmax", ["q"], ["y"], axis=-1)],
+                       {"x": [2, 3, 10]}, ["y"], {"p": pads})
+    compiled = check_gpu(model)
+    assert [(k.src.template, k.src.kernel_name) for k in compiled.kernels] == [("reduction", "pad_softmax")]

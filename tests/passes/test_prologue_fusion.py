@@ -6,7 +6,7 @@ Every case also runs on the ref target, fused against unfused, on fresh random i
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 from fusegraph import parse_onnx
 from fusegraph.ir.dtypes import DType
@@ -20,7 +20,7 @@ from fusegraph.passes.fuse_anchors import FuseAnchors
 from fusegraph.passes.pipeline import fuse
 from fusegraph.passes.prologue_rule import (NORM_PROLOGUE_ANY_ROWS_K, NORM_PROLOGUE_MAX_ROWS, RECOMPUTE_BUDGET,
                                            STORE_NORMS_ENV, pointwise_ops, reads_per_element)
-from tests.helpers import assert_same_results, make_model, op_names, rand
+from tests.helpers import assert_same_results, embedding_model, make_model, op_names, rand
 
 TOLERANCE = 1e-6  # the same ops on the same values, in the same order
 NORM_TOLERANCE = 1e-5  # folding gamma into the weights rounds the products differently
@@ -310,3 +310,30 @@ def test_rms_norm_is_computed_inside_the_product():
     (product,) = _fused(after)
     assert product.op.attrs["kernel"] == "rmsnorm_dot" and _sub_ops(product)[-2:] == ["rmsnorm", "dot"]
     assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_gathers_in_front_of_a_layernorm_are_computed_in_its_kernel():
+    """BERT's embeddings: the two row lookups find their rows inside the layernorm's kernel,
+    which reads each element once, instead of each writing a tensor of its own."""
+    model = embedding_model()
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    (f,) = _fused(after)
+    assert f.op.attrs["kernel"] == "gather_add_layernorm"
+    assert _sub_ops(f) == ["gather", "gather", "add", "add", "layernorm"]
+    rng = np.random.default_rng()
+    ids = {"ids": rng.integers(-50, 50, (2, 8)), "tt": rng.integers(-4, 4, (2, 8))}  # negatives count from the end
+    assert_same_results(before, after, tolerance=TOLERANCE, inputs=ids)
+
+
+def test_a_gather_read_through_a_view_keeps_its_kernel():
+    """Only a gather read where it writes joins the reduction: through a transpose its rows
+    would be found at another index, so it stays a kernel of its own."""
+    model = make_model([node("Gather", ["table", "ids"], ["g"]), node("Transpose", ["g"], ["t"], perm=[0, 2, 1]),
+                        node("Softmax", ["t"], ["y"], axis=-1)], {"ids": [2, 8]}, ["y"], {"table": rand(10, 6, seed=1)},
+                       dtype=TensorProto.INT64)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    assert [f.op.attrs["kernel"] for f in _fused(after)] == ["gather", "softmax"]
+    assert_same_results(before, after, tolerance=TOLERANCE, inputs={"ids": np.random.default_rng().integers(0, 10, (2, 8))})

@@ -23,7 +23,7 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelInputs, KernelWriter, Tile, var
 from fusegraph.targets.gpu.scalar_ops import binary_rhs, fold_across, literal
-from fusegraph.targets.gpu.templates.registry import lowers
+from fusegraph.targets.gpu.templates.registry import lowers, prologue_movement
 
 
 class Rows:
@@ -44,6 +44,7 @@ class Rows:
         self.full_output = full_output
         self.out = ""
         self.w = KernelWriter(module, inputs, {id(anchor): self._anchor_value})
+        prologue_movement(self.w, module)
         # float64 data, and integers (exact below 2**53), accumulate in float64; the rest in float32
         floats = (DType.float32, DType.float16, DType.bfloat16, DType.bool)
         self.acc_t = "tl.float32" if self.x.shape.dtype in floats else "tl.float64"
