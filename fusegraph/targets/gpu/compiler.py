@@ -203,7 +203,12 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
                 k.config = chosen.get(key, candidates[0])
             else:
                 build.wait(built[key])
-                k.config, times = best_config(candidates, lambda c: bound.launch(k, c))
+                # a config whose build was stopped at the limit is not launched: that would build it here
+                live = [c for c, i in zip(candidates, built[key]) if i not in build.report.stopped]
+                times = [float("inf")] * len(candidates)
+                if live:
+                    k.config, live_times = best_config(live, lambda c: bound.launch(k, c))
+                    times = [live_times[live.index(c)] if c in live else float("inf") for c in candidates]
                 if all(t == float("inf") for t in times):
                     raise every_config_failed(k.src, k.ins.origin, build.report.failures)
                 report.append({"kernel": k.src.name, "flops": k.src.flops, "grid": k.src.grid_dims,

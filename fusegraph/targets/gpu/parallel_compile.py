@@ -8,16 +8,40 @@ main process then finds every binary there at its first launch instead of compil
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
+from fusegraph.targets.gpu.errors import CodegenError
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 
 Job = tuple[KernelSource, list[Any], Config]  # source, torch dtypes of the arguments, config
+
+# Seconds one build may take before its worker stops it (`FUSEGRAPH_BUILD_LIMIT_S`): a build
+# takes 1-30 s, and one that never ends (an exhaustive tune's huge tile, say) would otherwise
+# hang the whole compile.
+BUILD_LIMIT_ENV = "FUSEGRAPH_BUILD_LIMIT_S"
+DEFAULT_BUILD_LIMIT_S = 300.0
+
+
+def build_limit_s() -> float:
+    """The per-build limit in seconds, from the environment (default DEFAULT_BUILD_LIMIT_S)."""
+    text = os.environ.get(BUILD_LIMIT_ENV, "").strip()
+    if not text:
+        return DEFAULT_BUILD_LIMIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise CodegenError(f"{BUILD_LIMIT_ENV}={text!r}: give the seconds one kernel build may take, a number above 0")
+    return value
 
 
 @dataclass
@@ -26,6 +50,7 @@ class BuildReport:
     its slowest builds (a template whose unrolled loops take seconds, say), not guessed at."""
 
     failures: list[str] = field(default_factory=list)  # a config that does not fit, say, as text
+    stopped: set[int] = field(default_factory=set)  # jobs whose builds reached the limit (positions)
     seconds: list[tuple[float, str]] = field(default_factory=list)  # (build seconds, "kernel config")
     workers: int = 0
     wall_seconds: float = 0.0
@@ -48,15 +73,49 @@ def _warm(job: Job) -> tuple[str | None, float]:
         return f"{src.name} {config}: {type(e).__name__}: {e}", time.monotonic() - start
 
 
+class _BuildStopped(BaseException):
+    """Raised in a worker when its build reaches the limit; a BaseException, so that no
+    `except Exception` in the build swallows it."""
+
+
+def _limited(build: Callable[[Job], tuple[str | None, float]], limit: float, job: Job) -> tuple[str | None, float, bool]:
+    """`build(job)` in a worker process, stopped by an alarm after `limit` seconds: (failure or
+    None, seconds, whether it was stopped). The alarm interrupts Python code and the waits on
+    the assembler's subprocess (which `subprocess.run` then kills); a build stuck inside one
+    call of the compiler's native code ends only when that call returns."""
+    def stop(signum: int, frame: Any) -> None:
+        raise _BuildStopped
+
+    start = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, stop)
+    if math.isfinite(limit):  # "inf": no limit
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        err, seconds = build(job)
+        return err, seconds, False
+    except _BuildStopped:
+        src, _, config = job
+        return (f"{src.name} {config}: build stopped after {limit:g} s ({BUILD_LIMIT_ENV} sets the limit)",
+                time.monotonic() - start, True)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class ParallelBuild:
     """Jobs building in worker processes while the caller goes on: `wait` blocks only until
     the jobs it names are built, so the tuner times a kernel's candidates as soon as they are
     in Triton's cache while the workers build the later kernels' (the tuning then costs no wall
-    time but what trails the last build). Leaving the context waits for every job."""
+    time but what trails the last build). Leaving the context waits for every job. A build
+    that reaches `limit_s` (default `build_limit_s()`) is stopped and reported, and its job's
+    position joins `report.stopped`: the tuner must not launch that config, which would build
+    it again in the calling process."""
 
     def __init__(self, jobs: list[Job], progress: Callable[[str, int, int], None] | None = None,
-                 workers: int | None = None, build: Callable[[Job], tuple[str | None, float]] | None = None) -> None:
-        self.jobs, self.progress, self.build = jobs, progress, build or _warm
+                 workers: int | None = None, build: Callable[[Job], tuple[str | None, float]] | None = None,
+                 limit_s: float | None = None) -> None:
+        self.jobs, self.progress = jobs, progress
+        self.build = partial(_limited, build or _warm, limit_s or build_limit_s())
         self.report = BuildReport()
         self.report.workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) - 1, 32))
         self._futures: list[Future] = []
@@ -98,11 +157,13 @@ class ParallelBuild:
                 continue
             self._recorded.add(i)
             new = True
-            err, seconds = f.result()
+            err, seconds, stopped = f.result()
             src, _, config = self.jobs[i]
             self.report.seconds.append((seconds, f"{src.name} {config}"))
             if err:
                 self.report.failures.append(err)
+            if stopped:
+                self.report.stopped.add(i)
         if self.progress and new:
             self.progress("compiling kernels", len(self._recorded), len(self.jobs))
 
