@@ -84,3 +84,23 @@ def test_layernorm_products_compile_for_sm90():
     assert len(jobs) == 3  # the epilogue's kernel has no split-k candidate
     for (src, _), r in zip(jobs, compile_many(jobs, workers=2)):
         assert r.cubin_bytes > 0 and r.shared_bytes <= H200.shared_bytes_per_block, (src.kernel_name, src.configs)
+
+
+def test_gathers_inside_a_layernorm_compile_for_sm90():
+    """BERT's embeddings as one row kernel (both lookups in their sum's layernorm), fp16, under
+    each of its candidate configs: the interpreter does not check what the compiler does."""
+    pytest.importorskip("triton")
+    from dataclasses import replace
+
+    from tests.helpers import embedding_model
+
+    program = parse_onnx(embedding_model(vocab=1000, seq=128, width=768))
+    ToHalf(DType.float16).apply(program.main)
+    fuse(program)
+    plan = plan_program(program.main)
+    (ins,) = [i for i in program.main if is_fused(i)]
+    src = generate(ins, 0, kernel_inputs(ins, plan))
+    assert src.kernel_name == "gather_add_layernorm"
+    jobs = [(replace(src, configs=[c]), arg_dtypes(ins, src)) for c in src.configs]
+    for (one, _), r in zip(jobs, compile_many(jobs, workers=2)):
+        assert r.cubin_bytes > 0 and r.shared_bytes <= H200.shared_bytes_per_block, one.configs
