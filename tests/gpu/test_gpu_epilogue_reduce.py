@@ -115,17 +115,23 @@ def test_a_global_mean_is_summed_by_the_linear_layer_over_pixels(batch, hw, fp16
     assert k.src.kernel_name.endswith("reduce_mean") and k.src.args[-2:] == ["part", "pcnt"]
 
 
-def test_depthwise_squeeze_parts_are_combined_across_many_pixel_blocks():
-    """The smallest pixel block over 12x12 pixels: several blocks per sample."""
+@pytest.mark.parametrize("hw", [12, 30])
+def test_depthwise_squeeze_parts_are_combined_across_many_pixel_blocks(hw):
+    """The smallest pixel block over 12x12 pixels: several blocks per sample; over 30x30, more
+    blocks per sample than the last program adds in one load (gemm_reduce.PART_ROWS), and
+    blocks that straddle the two samples."""
+    from fusegraph.targets.gpu.templates.gemm_reduce import PART_ROWS
     from tests.passes.test_reduction_epilogue import se_model
 
-    program = parse_onnx(se_model(batch=2, hw=12, depthwise=True))
+    program = parse_onnx(se_model(batch=2, hw=hw, depthwise=True))
     compiled = api.compile(program, "gpu", tune=False)
     k = compiled.kernels[0]
     assert k.src.template == "depthwise"
     k.config = min(k.src.configs, key=lambda cfg: cfg["BP"])
     assert k.config["BP"] < 144
-    inputs = {"x": np.random.default_rng(1).standard_normal((2, 32, 12, 12)).astype(np.float32)}
+    if hw == 30:
+        assert hw * hw // k.config["BP"] > 2 * PART_ROWS and hw * hw % k.config["BP"]
+    inputs = {"x": np.random.default_rng(1).standard_normal((2, 32, hw, hw)).astype(np.float32)}
     compiled.poison()
     got, want = compiled.run(inputs)["y"], api.run(program, inputs)["y"]
     assert float(np.abs(got - want).max()) <= 1e-4 * float(np.abs(want).max())

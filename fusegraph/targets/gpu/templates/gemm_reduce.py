@@ -13,8 +13,9 @@ the accumulator's type (fp32 for half inputs), with the padding lanes left out.
 A pixel sum spans many row tiles. Each program adds its tile's rows per sample (a tile of BM
 rows meets at most SLOTS = (BM - 1) // P + 2 samples of P pixels) and stores the parts into
 its own slots of a float32 scratch `part` [row tile, slot, channel]; a counter per column
-block (`pcnt`) finds the last program, which loads the parts of each sample past L1 and adds
-them in row-tile order, stores the sum or mean and clears the counter. Under split-k only the
+block (`pcnt`) finds the last program, which loads the parts of each sample past L1,
+PART_ROWS row tiles at a time into a [PART_ROWS, BN] sum, adds that across its rows once, stores
+the sum or mean and clears the counter. Under split-k only the
 program that finishes a tile (`owner`) adds its rows, once their sums are whole. As with split-k's
 partial sums (`gemm_emit.split_k_fixup`), no float atomics: the order of the sum never depends
 on which program ran first, so two runs give the same bits.
@@ -173,10 +174,15 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
         _pixel_sum_parts(w, t, v, p, chan, cols, keep, n, slots, samples, store_sums)
 
 
+# Row tiles whose parts the last program adds per trip (`_pixel_sum_parts`): a [PART_ROWS, BN]
+# float32 block, 32 registers a thread at 256 columns and four warps.
+PART_ROWS = 16
+
+
 def _pixel_sum_parts(w: KernelWriter, t: TileNames, v: str, p: int, chan: str, cols: str | None, keep: str, n: int,
                      slots: str, samples: int, store_sums: Callable[[str], None]) -> None:
     """Each program's parts per sample into `part`; the last row tile of the column block adds
-    them in row-tile order and stores the sums (`store_sums`), then clears the counter."""
+    them, PART_ROWS tiles a load, and stores the sums (`store_sums`), then clears the counter."""
     bm = t.row_block
     w.emit(f"s0 = {t.row_program} * {bm} // {p}")
     with w.block(f"for j in tl.static_range({slots}):"):
@@ -187,11 +193,17 @@ def _pixel_sum_parts(w: KernelWriter, t: TileNames, v: str, p: int, chan: str, c
     w.emit('seen = tl.atomic_add(pcnt + col, 1, sem="acq_rel")')
     with w.block("if seen == tl.num_programs(0) - 1:"):
         with w.block(f"for sn in range({samples}):"):
-            w.emit(f"tot = tl.zeros([1, {t.col_block}], dtype=tl.float32)")
-            with w.block(f"for t in range(sn * {p} // {bm}, ((sn + 1) * {p} - 1) // {bm} + 1):"):
+            w.emit(f"acc_parts = tl.zeros([{PART_ROWS}, {t.col_block}], dtype=tl.float32)")
+            w.emit(f"t_end = ((sn + 1) * {p} - 1) // {bm} + 1")
+            # PART_ROWS row tiles' parts a trip, in one load: a trip per tile would wait out an L2
+            # round trip each (hundreds of tiles on a large map); summed across once, after the loop
+            with w.block(f"for t0 in range(sn * {p} // {bm}, t_end, {PART_ROWS}):"):
+                w.emit(f"t = t0 + tl.arange(0, {PART_ROWS})[:, None]")
                 ptr = f"part + (t * {slots} + sn - t * {bm} // {p}) * {n} + {chan}"
+                mask = f"(t < t_end) & {cols}" if cols else "(t < t_end)"
                 # past L1: the parts were stored by other programs, maybe on other SMs
-                w.emit(f'tot += tl.load({ptr}{keep + ", other=0.0" if cols else ""}, cache_modifier=".cg")')
+                w.emit(f'acc_parts += tl.load({ptr}, mask={mask}, other=0.0, cache_modifier=".cg")')
+            w.emit("tot = tl.sum(acc_parts, 0)[None, :]")
             store_sums("tot")
         w.emit("tl.atomic_xchg(pcnt + col, 0)")
 
