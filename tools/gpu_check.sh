@@ -66,6 +66,11 @@ for s in $steps; do
              for lanes in 0 1; do  # ViT-S/16's kernels each way (24 layernorm products at batch 1)
                step perf_vit_lanes$lanes timeout 90 env FUSEGRAPH_LANE_STATS=$lanes $py -m fusegraph.driver.cli perf vit_small_patch16_224 --fp16 --configs; done ;;
     tune_sweep) step tune_sweep timeout ${SWEEP_S:-400} $py tools/tune_sweep.py --cases ${SWEEP_CASES:-convnext_head,convnext_s1,convnext_s2,convnext_s3,convnext_s4} --case-seconds ${SWEEP_CASE_S:-120} --out "$out/sweep" ;;  # every candidate of the kernels in question, timed
+    ab) for m in ${AB_MODELS:-bert_base vit_small_patch16_224}; do  # this tree against AB_BASE (another tree, e.g. `git archive REV`), perf per model, alternating
+          for side in base head; do
+            src=$([ $side = base ] && echo "${AB_BASE:?ab: set AB_BASE to the baseline tree}" || echo "$PYTHONPATH")
+            step ab_${m}_$side timeout 120 env PYTHONPATH="$src" FUSEGRAPH_CACHE_DIR=/tmp/fgc-ab-$side $py -m fusegraph.driver.cli perf $m --fp16 --configs
+          done; done ;;
     gemm_bench) step gemm_bench timeout 150 $py bench/gemm.py ;;
     gemm_gelu) step gemm_gelu timeout 90 $py bench/gemm.py --gelu --shapes b32 ;;
     gemm_tma) step gemm_tma timeout 150 env FUSEGRAPH_TMA=1 $py bench/gemm.py --shapes b32 --name gemm-tma ;;
