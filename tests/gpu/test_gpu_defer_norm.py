@@ -66,6 +66,22 @@ def test_row_statistics_under_every_default_config():
             assert not np.isnan(got).any() and rel_err(got, api.run(program, {"x": x})["y"]) < TOL, bn
 
 
+def test_row_statistics_over_more_column_tiles_than_one_load_of_parts():
+    """560 columns in the narrowest tiles, 32 wide: 18 column blocks (the last half empty), more
+    than the last program loads at once (gemm_reduce.PART_ROWS), so it merges them in two trips."""
+    from fusegraph.targets.gpu.templates.gemm_reduce import PART_ROWS
+
+    program = parse_onnx(residual_block(k=560))
+    compiled = api.compile(program, "gpu", tune=False)
+    first = compiled.kernels[0]
+    first.config = min(first.src.configs, key=lambda c: (c["BN"], c["SPLIT"]))
+    assert first.config["SPLIT"] == 1 and -(-560 // first.config["BN"]) > PART_ROWS
+    x = (np.random.default_rng().standard_normal((1, ROWS, 560)) + 3.0).astype(np.float32)  # rows off zero
+    compiled.poison()
+    got = compiled.run({"x": x})["y"]
+    assert not np.isnan(got).any() and rel_err(got, api.run(program, {"x": x})["y"]) < TOL
+
+
 @pytest.mark.parametrize("fp16", [False, True])
 def test_a_post_norm_block(fp16):
     """The first product stores h, its rows' mean and 1 / std; the second scales its rows and

@@ -174,8 +174,9 @@ def emit_pixel_sums(w: KernelWriter, ret: Instruction, te: Tile, out_index: Inde
         _pixel_sum_parts(w, t, v, p, chan, cols, keep, n, slots, samples, store_sums)
 
 
-# Row tiles whose parts the last program adds per trip (`_pixel_sum_parts`): a [PART_ROWS, BN]
-# float32 block, 32 registers a thread at 256 columns and four warps.
+# Tiles whose parts the last program loads per trip: row tiles of a pixel sum (`_pixel_sum_parts`,
+# a [PART_ROWS, BN] float32 block, 32 registers a thread at 256 columns and four warps) and
+# column blocks of a row's statistics (`_rendezvous`, [PART_ROWS, BM]).
 PART_ROWS = 16
 
 
@@ -275,8 +276,9 @@ def emit_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index
                    codes: dict[int, str]) -> None:
     """Each program stores its tile's per-row mean and squared deviations (an exact two-pass
     over the tile's columns) into its own slots of `part`; the last column block of a row block
-    to arrive (a counter per row block, `pcnt`) combines the parts in column order by Chan's
-    rule, stores each statistic (the mean, 1 / sqrt(var + eps)) through its return's map and
+    to arrive (a counter per row block, `pcnt`) combines the parts (the count-weighted mean of
+    the means, then the squared deviations plus each block's count times its mean's squared
+    distance from the row's: Chan's rule, all blocks at once), stores each statistic (the mean, 1 / sqrt(var + eps)) through its return's map and
     clears the counter. Under split-k only the program that runs a tile's epilogue takes part.
     As with the pixel sums, no float atomics: the same bits every run.
     `codes` receives each result's code for the tile its store reads it on."""
@@ -297,18 +299,31 @@ def _rendezvous(w: KernelWriter, rets: list[Instruction], v: str, valid: str, ou
     w.emit("tl.debug_barrier()")  # every thread's parts are out before the count says so
     w.emit('rs_seen = tl.atomic_add(pcnt + rs_block, 1, sem="acq_rel")')
     with w.block("if rs_seen == tl.num_programs(1) - 1:"):
-        w.emit("rs_mean = tl.zeros([BM], dtype=tl.float32)")
-        w.emit("rs_m2 = tl.zeros([BM], dtype=tl.float32)")
-        with w.block("for rs_t in range(tl.num_programs(1)):"):
-            w.emit(f"rs_n = tl.minimum({n} - rs_t * BN, BN) * 1.0")
-            w.emit("rs_before = rs_t * BN * 1.0")
-            w.emit("rs_at = (rs_block * tl.num_programs(1) + rs_t) * (2 * BM) + tl.arange(0, BM)")
-            # past L1: the parts were stored by other programs, maybe on other SMs
-            w.emit('rs_pm = tl.load(part + rs_at, cache_modifier=".cg")')
-            w.emit('rs_pq = tl.load(part + rs_at + BM, cache_modifier=".cg")')
-            w.emit("rs_delta = rs_pm - rs_mean")
-            w.emit("rs_mean = rs_mean + rs_delta * (rs_n / (rs_before + rs_n))")
-            w.emit("rs_m2 = rs_m2 + rs_pq + rs_delta * rs_delta * (rs_before * rs_n / (rs_before + rs_n))")
+        # two passes over the column blocks' parts, PART_ROWS blocks a load: the weighted sum of
+        # their means, then each block's squared deviations plus its count times its mean's
+        # squared distance from the row's; a merge block by block would wait out an L2 round
+        # trip per column block (12 of them over 768 columns in 64-wide tiles)
+        def parts_by_block(total: str, term: Callable[[], str]) -> None:
+            w.emit(f"{total} = tl.zeros([{PART_ROWS}, BM], dtype=tl.float32)")
+            with w.block(f"for rs_t0 in range(0, tl.num_programs(1), {PART_ROWS}):"):
+                w.emit(f"rs_t = rs_t0 + tl.arange(0, {PART_ROWS})[:, None]")
+                w.emit("rs_ok = rs_t < tl.num_programs(1)")
+                w.emit(f"rs_n = tl.minimum({n} - rs_t * BN, BN) * 1.0")
+                w.emit("rs_at = (rs_block * tl.num_programs(1) + rs_t) * (2 * BM) + tl.arange(0, BM)[None, :]")
+                # past L1: the parts were stored by other programs, maybe on other SMs
+                w.emit('rs_pm = tl.load(part + rs_at, mask=rs_ok, other=0.0, cache_modifier=".cg")')
+                w.emit(f"{total} += tl.where(rs_ok, {term()}, 0.0)")
+
+        parts_by_block("rs_sums", lambda: "rs_pm * rs_n")
+        w.emit(f"rs_mean = tl.sum(rs_sums, 0) / {n}.0")
+
+        def deviations() -> str:
+            w.emit('rs_pq = tl.load(part + rs_at + BM, mask=rs_ok, other=0.0, cache_modifier=".cg")')
+            w.emit("rs_delta = rs_pm - rs_mean[None, :]")
+            return "rs_pq + rs_n * rs_delta * rs_delta"
+
+        parts_by_block("rs_devs", deviations)
+        w.emit("rs_m2 = tl.sum(rs_devs, 0)")
 
         def rows() -> Tile:
             return Tile({"rm": "rm", "gz": "gz", "nq": "pid_n"}, {"rm": f"(rm < {m})"})
