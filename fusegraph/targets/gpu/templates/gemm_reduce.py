@@ -14,11 +14,11 @@ A pixel sum spans many row tiles. Each program adds its tile's rows per sample (
 rows meets at most SLOTS = (BM - 1) // P + 2 samples of P pixels) and stores the parts into
 its own slots of a float32 scratch `part` [row tile, slot, channel]; a counter per column
 block (`pcnt`) finds the last program, which loads the parts of each sample past L1,
-PART_ROWS row tiles at a time into a [PART_ROWS, BN] sum, adds that across its rows once, stores
-the sum or mean and clears the counter. Under split-k only the
-program that finishes a tile (`owner`) adds its rows, once their sums are whole. As with split-k's
-partial sums (`gemm_emit.split_k_fixup`), no float atomics: the order of the sum never depends
-on which program ran first, so two runs give the same bits.
+PART_ROWS row tiles at a time into a [PART_ROWS, BN] sum, adds that across its rows once,
+stores the sum or mean and clears the counter. Under split-k only the program that finishes a
+tile (`owner`) adds its rows, once their sums are whole. As with split-k's partial sums
+(`gemm_emit.split_k_fixup`), no float atomics: the order of the sum never depends on which
+program ran first, so two runs give the same bits.
 """
 
 from __future__ import annotations
@@ -278,8 +278,8 @@ def emit_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index
     over the tile's columns) into its own slots of `part`; the last column block of a row block
     to arrive (a counter per row block, `pcnt`) combines the parts (the count-weighted mean of
     the means, then the squared deviations plus each block's count times its mean's squared
-    distance from the row's: Chan's rule, all blocks at once), stores each statistic (the mean, 1 / sqrt(var + eps)) through its return's map and
-    clears the counter. Under split-k only the program that runs a tile's epilogue takes part.
+    distance from the row's: Chan's rule, all blocks at once), stores each statistic (the
+    mean, 1 / sqrt(var + eps)) through its return's map and clears the counter. Under split-k only the program that runs a tile's epilogue takes part.
     As with the pixel sums, no float atomics: the same bits every run.
     `codes` receives each result's code for the tile its store reads it on."""
     v, valid = _row_values(w, rets, te, out_index, "[BM, BN]")
