@@ -238,6 +238,37 @@ def test_gathered_rows_summed_and_normalized_in_one_kernel(fp16):
     assert [(k.src.template, k.src.kernel_name) for k in compiled.kernels] == [("reduction", "gather_add_layernorm")]
 
 
+def _movement_then_reduction(case: str):
+    """One movement op (each finding its elements its own way) read by one reduction."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    axes = np.array([1], np.int64)
+    nodes, inputs, inits = {
+        # a gather along the reduced axis (repeats and a negative index)
+        "gather_columns_softmax": ([node("Gather", ["x", "i"], ["g"], axis=2), node("Softmax", ["g"], ["y"], axis=-1)],
+                                   {"x": [2, 3, 10]}, {"i": np.array([3, 1, 0, 9, 2, 2, 5, -1], np.int64)}),
+        "gather_elements_sum": ([node("GatherElements", ["x", "i"], ["g"], axis=1),
+                                 node("ReduceSum", ["g", "axes"], ["y"], keepdims=0)],
+                                {"x": [4, 6]}, {"i": np.random.default_rng(0).integers(0, 6, (4, 5)), "axes": axes}),
+        "gather_nd_max": ([node("GatherND", ["x", "i"], ["g"]), node("ReduceMax", ["g", "axes"], ["y"], keepdims=1)],
+                          {"x": [5, 7]}, {"i": np.array([[0], [3], [4]], np.int64), "axes": axes}),
+        "edge_pad_layernorm": ([node("Pad", ["x", "p"], ["q"], mode="edge"),
+                                node("LayerNormalization", ["q", "s", "b"], ["y"], axis=-1)],
+                               {"x": [3, 4, 9]}, {"p": np.array([0, 0, 0, 0, 0, 3], np.int64), "s": rand(12, seed=1),
+                                                  "b": rand(12, seed=2)}),
+    }[case]
+    graph = helper.make_graph(nodes, case, [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in inputs.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("case", ["gather_columns_softmax", "gather_elements_sum", "gather_nd_max", "edge_pad_layernorm"])
+def test_each_movement_op_inside_a_reduction(case):
+    compiled = check_gpu(_movement_then_reduction(case))
+    assert [k.src.template for k in compiled.kernels] == ["reduction"]
+
+
 def test_a_reflect_pad_in_front_of_a_softmax_is_in_its_kernel():
     pads = np.array([0, 0, 1, 0, 0, 2], dtype=np.int64)
     model = make_model([node("Pad", ["x", "p"], ["q"], mode="reflect"), node("Softmax", ["q"], ["y"], axis=-1)],
