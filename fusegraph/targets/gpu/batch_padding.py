@@ -23,6 +23,7 @@ import numpy as np
 
 from fusegraph.ir.dtypes import DType
 from fusegraph.targets.gpu.compiled_program import CompiledProgram, host_to_torch, torch_dtype, torch_to_host
+from fusegraph.targets.gpu.index_bounds import check_index_inputs
 
 
 class DevicePadding:
@@ -34,6 +35,7 @@ class DevicePadding:
         """Run `compiled` (of batch `size`) on `arrays` (a smaller or equal batch, any float
         dtype for a float input); the first samples of its outputs, as many as `arrays` hold,
         as new host arrays, in `output_dtypes` where given (converted on the device)."""
+        check_index_inputs(compiled.index_bounds, arrays)
         tensors = {name: self._to_device(compiled, name, arr) for name, arr in arrays.items()}
         return {k: self._to_host(k, v) for k, v in self.run_on_device(compiled, size, tensors, output_dtypes).items()}
 

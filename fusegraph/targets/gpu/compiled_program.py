@@ -23,6 +23,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.targets.gpu.bound_program import BoundProgram
 from fusegraph.targets.gpu.device_errors import kernel_failed, out_of_memory
+from fusegraph.targets.gpu.index_bounds import check_index_inputs, gather_index_bounds
 from fusegraph.targets.gpu.kernel_source import Config, KernelSource
 from fusegraph.targets.gpu.memory_plan import Buffer, BufferKind, MemoryPlan
 
@@ -161,6 +162,7 @@ class CompiledProgram:
         self.interpreted = device == "cpu"
         main = program.main
         self._params = {k: v for k, v in main.params.items()}
+        self.index_bounds = gather_index_bounds(main)  # host inputs read as gather indices are checked
         self._returns = dict(zip(main.return_names, main.returns))
         self._tensors: dict[int, Any] = {}  # buffer id -> its flat tensor
         self._staged: dict[str, Any] = {}  # device copies of host (NumPy) inputs, at fixed addresses
@@ -246,6 +248,7 @@ class CompiledProgram:
                     raise InputError(f"input {name!r} has dtype {arr.dtype.name}, expected {p.shape.dtype.numpy.name}")
                 if tuple(arr.shape) != p.shape.lens:
                     raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected {list(p.shape.lens)}")
+                check_index_inputs(self.index_bounds, {name: arr})
                 staging = self._staging(name, p, want)
                 if arr.size:
                     # torch converts float types (vectorized, rounding to nearest even as NumPy does):
