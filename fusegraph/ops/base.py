@@ -20,7 +20,9 @@ template, its spelling there):
 * anchors: `channel_axis`, `weight_input`, `weight_channel_axis`, `spatial_window`,
   `k_is_last_axis`, `recomputed_inputs` (attention's mask: computed where it is read, once per
   score).
-* `concatenates` (concat): its inputs lie end to end along its `axis`.
+* `concatenates` (concat): its inputs lie end to end along its `axis`; `finds_elements` (the
+  other movement ops: gathers, pads): each output element found from its own index, so a group
+  can compute it wherever it reads it.
 * reductions: `reduced_axes`, `algorithm` and, for plain folds, `reduction`: identity, combine
   and finalize as target-neutral scalar ops; `in_epilogue` for a reduction that an anchor's
   epilogue computes (over runs of its output channels, or over each sample's pixels), and
@@ -155,6 +157,12 @@ class Op:
         """For a view that reads one box of its input with unit steps: (axis, start, end) of
         each axis it cuts; else None. An epilogue splits at such a view, by domain."""
         return None
+
+    @property
+    def finds_elements(self) -> bool:
+        """A movement op other than a concat (a gather, a pad): it finds each output element from
+        that element's index alone, so a reduction's kernel computes it where it reads it."""
+        return self.family == "movement" and not self.concatenates
 
     def template_family(self, inputs: Sequence[Shape]) -> str:
         """The GPU template family that lowers this op on inputs of these shapes: `family`,

@@ -330,7 +330,7 @@ def _per_element(ins: Instruction, at: IndexMap) -> bool:
     """Pointwise producers and the movement ops that find each element on their own (a gather,
     a pad), recomputed: a reduction reads each element once, so a gathered row costs its load
     there as in a kernel of its own (BERT's embedding lookups in front of their sum's layernorm)."""
-    return _pointwise(ins, at) or (ins.op.family == "movement" and not ins.op.concatenates)
+    return _pointwise(ins, at) or ins.op.finds_elements
 
 
 class FuseAnchors:

@@ -83,8 +83,7 @@ class GroupBuilder:
         elif src.op.concatenates and self.inline(src, cur):
             value = self._select(src, cur, domain)
             self.inlined.append(src)
-        elif (src.op.family == "movement" and not src.op.concatenates and not domain
-              and cur == identity_map(src.shape.lens) and self.inline(src, cur)):
+        elif src.op.finds_elements and not domain and cur == identity_map(src.shape.lens) and self.inline(src, cur):
             # a gather or a pad read where it writes: it finds its elements itself, as in its own kernel
             value = self.add(src.op, [self.gather(x) for x in src.inputs], src.origin)
             self.inlined.append(src)

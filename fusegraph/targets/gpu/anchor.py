@@ -25,8 +25,7 @@ def find_anchor(fused: Instruction) -> Instruction | None:
     # a reduction's prologue may also hold gathers and pads, which find each element on their own
     # wherever it is read (templates/movement.py)
     reductions = [a for a in anchors if a.op.kind == OpKind.REDUCE]
-    if len(reductions) == 1 and all(a.op.family == "movement" and not a.op.concatenates
-                                    for a in anchors if a is not reductions[0]):
+    if len(reductions) == 1 and all(a.op.finds_elements for a in anchors if a is not reductions[0]):
         return reductions[0]
     products = [a for a in anchors if a.op.kind == OpKind.ANCHOR]
     if len(products) == 1 and all(a.op.algorithm == "layernorm" for a in anchors if a is not products[0]):

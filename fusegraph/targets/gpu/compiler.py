@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Program
 from fusegraph.targets.gpu.autotune import TuningCache, best_config, device_name
+from fusegraph.targets.gpu.bound_program import BoundProgram
 from fusegraph.targets.gpu.codegen import generate, kernel_inputs, plan_program
 from fusegraph.targets.gpu.compiled_program import (CompiledProgram, Kernel, WeightPool, torch_dtype,
                                                     use_interpreter_without_gpu)
@@ -203,12 +204,8 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
                 k.config = chosen.get(key, candidates[0])
             else:
                 build.wait(built[key])
-                # a config whose build was stopped at the limit is not launched: that would build it here
-                live = [c for c, i in zip(candidates, built[key]) if i not in build.report.stopped]
-                times = [float("inf")] * len(candidates)
-                if live:
-                    k.config, live_times = best_config(live, lambda c: bound.launch(k, c))
-                    times = [live_times[live.index(c)] if c in live else float("inf") for c in candidates]
+                stopped = [c for c, i in zip(candidates, built[key]) if i in build.report.stopped]
+                k.config, times = best_config(candidates, lambda c: _launch_built(bound, k, c, stopped))
                 if all(t == float("inf") for t in times):
                     raise every_config_failed(k.src, k.ins.origin, build.report.failures)
                 report.append({"kernel": k.src.name, "flops": k.src.flops, "grid": k.src.grid_dims,
@@ -226,6 +223,14 @@ def _tune(compiled: CompiledProgram, exhaustive: bool, progress: Callable[[str, 
     if os.environ.get("FUSEGRAPH_TUNING_REPORT") and report:  # every candidate's time, to improve the defaults
         with open(os.environ["FUSEGRAPH_TUNING_REPORT"], "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in report)
+
+
+def _launch_built(bound: BoundProgram, kernel: Kernel, config: Config, stopped: list[Config]) -> None:
+    """Launch `kernel` under `config`, unless its build was stopped at the limit: launching
+    would build it here, as long again; the tuner counts the refusal as a failed config."""
+    if config in stopped:
+        raise RuntimeError(f"{kernel.src.name} {config}: build stopped at the limit")
+    bound.launch(kernel, config)
 
 
 def _tuning_key(kernel: Kernel) -> tuple:

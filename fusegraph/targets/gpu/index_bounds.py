@@ -8,7 +8,6 @@ host inputs against these bounds before it copies them in (`CompiledProgram`).
 
 from __future__ import annotations
 
-import re
 from typing import Mapping, NamedTuple
 
 import numpy as np
@@ -64,12 +63,12 @@ def _input_name(x: Instruction, fused: Instruction | None) -> str | None:
     kernel (`fused`) through its loads to its operands, and into the kernel that stored `x`;
     None for a value computed otherwise."""
     while True:
-        if input_map_of(x) is not None or x.op.name == "convert":
+        if input_map_of(x) is not None or x.op.converts_type:
             x = x.inputs[0]
         elif fused is not None and is_load(x):
             x = x.inputs[0]
-        elif fused is not None and is_param(x) and re.fullmatch(r"x\d+", x.op.attrs["name"]):
-            x, fused = fused.inputs[int(x.op.attrs["name"][1:])], None  # operand k (group_builder)
+        elif fused is not None and is_param(x):  # the kernel's k-th parameter is its k-th operand
+            x, fused = fused.inputs[list(fused.op.module.params.values()).index(x)], None
         elif fused is None and is_param(x):
             return x.op.attrs["name"]
         elif fused is None and is_fused(x) and len(x.op.module.returns) == 1:

@@ -279,8 +279,9 @@ def emit_row_stats(w: KernelWriter, rets: list[Instruction], te: Tile, out_index
     to arrive (a counter per row block, `pcnt`) combines the parts (the count-weighted mean of
     the means, then the squared deviations plus each block's count times its mean's squared
     distance from the row's: Chan's rule, all blocks at once), stores each statistic (the
-    mean, 1 / sqrt(var + eps)) through its return's map and clears the counter. Under split-k only the program that runs a tile's epilogue takes part.
-    As with the pixel sums, no float atomics: the same bits every run.
+    mean, 1 / sqrt(var + eps)) through its return's map and clears the counter. Under split-k
+    only the program that runs a tile's epilogue takes part. As with the pixel sums, no float
+    atomics: the same bits every run.
     `codes` receives each result's code for the tile its store reads it on."""
     v, valid = _row_values(w, rets, te, out_index, "[BM, BN]")
     with w.block("if owner:"):  # under split-k, the tile's last program: the one holding the sums
@@ -303,7 +304,9 @@ def _rendezvous(w: KernelWriter, rets: list[Instruction], v: str, valid: str, ou
         # their means, then each block's squared deviations plus its count times its mean's
         # squared distance from the row's; a merge block by block would wait out an L2 round
         # trip per column block (12 of them over 768 columns in 64-wide tiles)
-        def parts_by_block(total: str, term: Callable[[], str]) -> None:
+        def parts_by_block(total: str, term: str, lines: tuple[str, ...] = ()) -> None:
+            """`total`: the sum over the column blocks of `term`, from their means (`rs_pm`), counts
+            (`rs_n`) and what `lines` compute."""
             w.emit(f"{total} = tl.zeros([{PART_ROWS}, BM], dtype=tl.float32)")
             with w.block(f"for rs_t0 in range(0, tl.num_programs(1), {PART_ROWS}):"):
                 w.emit(f"rs_t = rs_t0 + tl.arange(0, {PART_ROWS})[:, None]")
@@ -312,17 +315,15 @@ def _rendezvous(w: KernelWriter, rets: list[Instruction], v: str, valid: str, ou
                 w.emit("rs_at = (rs_block * tl.num_programs(1) + rs_t) * (2 * BM) + tl.arange(0, BM)[None, :]")
                 # past L1: the parts were stored by other programs, maybe on other SMs
                 w.emit('rs_pm = tl.load(part + rs_at, mask=rs_ok, other=0.0, cache_modifier=".cg")')
-                w.emit(f"{total} += tl.where(rs_ok, {term()}, 0.0)")
+                for line in lines:
+                    w.emit(line)
+                w.emit(f"{total} += tl.where(rs_ok, {term}, 0.0)")
 
-        parts_by_block("rs_sums", lambda: "rs_pm * rs_n")
+        parts_by_block("rs_sums", "rs_pm * rs_n")
         w.emit(f"rs_mean = tl.sum(rs_sums, 0) / {n}.0")
-
-        def deviations() -> str:
-            w.emit('rs_pq = tl.load(part + rs_at + BM, mask=rs_ok, other=0.0, cache_modifier=".cg")')
-            w.emit("rs_delta = rs_pm - rs_mean[None, :]")
-            return "rs_pq + rs_n * rs_delta * rs_delta"
-
-        parts_by_block("rs_devs", deviations)
+        parts_by_block("rs_devs", "rs_pq + rs_n * rs_delta * rs_delta",
+                       ('rs_pq = tl.load(part + rs_at + BM, mask=rs_ok, other=0.0, cache_modifier=".cg")',
+                        "rs_delta = rs_pm - rs_mean[None, :]"))
         w.emit("rs_m2 = tl.sum(rs_devs, 0)")
 
         def rows() -> Tile:

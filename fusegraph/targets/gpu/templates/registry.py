@@ -70,11 +70,10 @@ def emitter_for(op: Op) -> Emitter:
         raise CodegenError(f"the GPU target has no {op.family} emitter for op {op.name}") from None
 
 
-
 def prologue_movement(w: KernelWriter, module: Module) -> None:
     """Have `w` compute each gather or pad of a reduction's prologue (`anchor.find_anchor`)
     wherever the reduction reads it, by the flat template's emitter of its op: each finds its
     element from the index it is read at, whatever the template's tile."""
     for ins in module:
-        if ins.op.family == "movement" and not ins.op.concatenates and id(ins) not in w.anchor_values:
+        if ins.op.finds_elements and id(ins) not in w.anchor_values:
             w.anchor_values[id(ins)] = partial(emitter_for(ins.op), w, ins)
