@@ -18,10 +18,7 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   their row statistics in kernels of their own instead of the epilogues of the products
   writing the rows (FUSEGRAPH_JOIN_ROW_STATS=0); fusegraph-chunk-stats: a deferred layernorm
   prologue's statistics reduced across the tile chunk by chunk instead of summed lane by lane
-  (FUSEGRAPH_LANE_STATS=0, templates/gemm_prologue.py); fusegraph-chain, fusegraph-chain-defer:
-  a product whose value only the next product reads in one kernel with it (an MLP at batch 1;
-  FUSEGRAPH_CHAIN_PRODUCTS=1, passes/chain_products.py), without and with deferred layernorms;
-  not in the default modes;
+  (FUSEGRAPH_LANE_STATS=0, templates/gemm_prologue.py); not in the default modes;
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -65,15 +62,13 @@ from bench.timing import (Table, Timing, capture_graph, count_kernels, synchroni
 from bench.yolov5s import with_batch
 from fusegraph.driver.inputs import input_ranges
 from fusegraph.driver.perf import compile_phase_lines
-from fusegraph.passes.chain_products import CHAIN_ENV
 from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
 from fusegraph.passes.reduction_epilogue import JOIN_ROW_STATS_ENV
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 from fusegraph.targets.gpu.templates.gemm_prologue import LANE_STATS_ENV
 
 MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-defer", "fusegraph-defer-all", "fusegraph-norms-kept",
-         "fusegraph-stats-apart", "fusegraph-chunk-stats",
-         "fusegraph-chain", "fusegraph-chain-defer", "eager", "compile", "max-autotune")
+         "fusegraph-stats-apart", "fusegraph-chunk-stats", "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -162,13 +157,12 @@ def fp32_reference(case: Case) -> torch.Tensor:
 
 
 # the fusegraph contenders and their settings while they compile ("": the default)
-FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: "", CHAIN_ENV: ""},
+FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: ""},
                    "fusegraph-plain": {DEPENDENT_LAUNCH_ENV: "0"}, "fusegraph-pdl": {DEPENDENT_LAUNCH_ENV: "1"},
                    "fusegraph-defer": {DEFER_NORMS_ENV: "1"}, "fusegraph-defer-all": {DEFER_NORMS_ENV: "all"},
                    "fusegraph-norms-kept": {DEFER_NORMS_ENV: "0"},
                    "fusegraph-stats-apart": {DEFER_NORMS_ENV: "1", JOIN_ROW_STATS_ENV: "0"},
-                   "fusegraph-chunk-stats": {LANE_STATS_ENV: "0"},
-                   "fusegraph-chain": {CHAIN_ENV: "1"}, "fusegraph-chain-defer": {CHAIN_ENV: "1", DEFER_NORMS_ENV: "1"}}
+                   "fusegraph-chunk-stats": {LANE_STATS_ENV: "0"}}
 
 
 def run_fusegraph(case: Case, iters: int, mode: str = "fusegraph") -> Row:

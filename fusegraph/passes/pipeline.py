@@ -14,7 +14,6 @@ from typing import TextIO
 
 from fusegraph.ir.program import Program
 from fusegraph.ops.base import is_fused
-from fusegraph.passes.chain_products import ChainProducts
 from fusegraph.passes.compact_literals import CompactLiterals
 from fusegraph.passes.constant_propagation import ConstantPropagation
 from fusegraph.passes.cse import CommonSubexpressions
@@ -42,7 +41,7 @@ def canonicalize_passes() -> list[Pass]:
 
 
 def fusion_passes() -> list[Pass]:
-    return [FuseAttention(), MergeSiblings(), SinkConcat(), FuseAnchors(), ChainProducts(), FuseReductions(), FuseMovement(), FusePointwise(), EliminateConcat(), DeadCodeElimination()]
+    return [FuseAttention(), MergeSiblings(), SinkConcat(), FuseAnchors(), FuseReductions(), FuseMovement(), FusePointwise(), EliminateConcat(), DeadCodeElimination()]
 
 
 def default_pipeline() -> list[Pass]:

@@ -34,8 +34,7 @@ def test_the_pipeline_is_canonicalization_then_fusion():
         "pad_channel_groups", "space_to_depth", "constant_propagation", "compact_literals", "eliminate_identity",
         "dead_code_elimination"]
     assert [p.name for p in fusion_passes()] == [
-        "fuse_attention", "merge_siblings", "sink_concat", "fuse_anchors", "chain_products", "fuse_reductions", "fuse_movement",
-        "fuse_pointwise",
+        "fuse_attention", "merge_siblings", "sink_concat", "fuse_anchors", "fuse_reductions", "fuse_movement", "fuse_pointwise",
         "eliminate_concat", "dead_code_elimination"]
     assert [p.name for p in default_pipeline()] == [p.name for p in canonicalize_passes() + fusion_passes()]
 

@@ -28,25 +28,9 @@ def find_anchor(fused: Instruction) -> Instruction | None:
     if len(reductions) == 1 and all(a.op.finds_elements for a in anchors if a is not reductions[0]):
         return reductions[0]
     products = [a for a in anchors if a.op.kind == OpKind.ANCHOR]
-    if len(products) == 2 and _reads(products[1].inputs[0], products[0]):
-        products = products[:1]  # a chained product (templates/gemm_chain.py): the first is the anchor
-        anchors = [a for a in anchors if a.op.kind != OpKind.ANCHOR] + products
     if len(products) == 1 and all(a.op.algorithm == "layernorm" for a in anchors if a is not products[0]):
         return products[0]
     if len(anchors) > 1:
         raise CodegenError(f"kernel {fused.op.attrs['kernel']} holds {len(anchors)} anchors "
                            f"({', '.join(a.op.name for a in anchors)}); one per kernel is supported")
     return anchors[0] if anchors else None
-
-
-def _reads(value: Instruction, product: Instruction) -> bool:
-    """Whether `value` is computed from `product`."""
-    stack, seen = [value], set()
-    while stack:
-        x = stack.pop()
-        if x is product:
-            return True
-        if id(x) not in seen:
-            seen.add(id(x))
-            stack.extend(x.inputs)
-    return False

@@ -58,9 +58,6 @@ class KernelSource:
     # makes tensor descriptors in the kernel (`templates/gemm_tma.py`): Triton allocates their
     # global scratch at each launch
     tensor_descriptors: bool = False
-    # a GEMM kernel holding a chained product (`templates/gemm_chain.py`): that product's
-    # output columns, which size its partial sums; 0 for none
-    chain_columns: int = 0
 
     @property
     def source(self) -> str:

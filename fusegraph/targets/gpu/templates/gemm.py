@@ -11,7 +11,6 @@ from __future__ import annotations
 from fusegraph.ir.program import Instruction, Module
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import KernelInputs
-from fusegraph.targets.gpu.templates.gemm_chain import chain_configs, chained_product
 from fusegraph.targets.gpu.templates.gemm_configs import gemm_configs
 from fusegraph.targets.gpu.templates.gemm_emit import GemmEmitter
 from fusegraph.targets.gpu.templates.gemm_prefetch import weight_prefetch
@@ -25,9 +24,7 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
                 allow_tf32: bool = False, interpret: bool = False) -> KernelSource:
     """The kernel of fused group `module` around product anchor `anchor`."""
     spec = gemm_spec(anchor)
-    chain = chained_product(module, anchor)
-    # a softmax's run is one tile; a chained product's stores are its own
-    period = 0 if chain else run_length(module) or channel_period(module, anchor, spec)
+    period = run_length(module) or channel_period(module, anchor, spec)  # a softmax's run is one tile
     if period:
         split_by_period(spec, period)
     tile = max(16, 1 << (period - 1).bit_length()) if period else 0
@@ -35,17 +32,12 @@ def gemm_kernel(name: str, kernel: str, module: Module, inputs: KernelInputs, an
     pieces = emitter.body(period, tile)
     parts = emitter.pixel_sums or emitter.row_parts
     args = emitter.arg_list() + ["ws", "cnt"] + (["part", "pcnt"] if parts else [])
-    constexprs = ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else []) + (["BN2"] if chain else [])
+    constexprs = ["BM", "BN", "BK", "SPLIT"] + (["PIECES"] if pieces else [])
     body = signature(name, args, constexprs) + "\n" + "\n".join(emitter.lines) + "\n"
-    flops, columns = spec.flops, 0
-    if chain:
-        configs, default_tune, columns = chain_configs(spec, emitter.chain_spec.n), 0, emitter.chain_spec.n
-        flops += emitter.chain_spec.flops
-    else:
-        configs, default_tune = gemm_configs(spec, anchor.inputs[0].shape.dtype, tile, pieces, emitter.a_bytes())
+    configs, default_tune = gemm_configs(spec, anchor.inputs[0].shape.dtype, tile, pieces, emitter.a_bytes())
     n_grid: tuple[int, str | None, str | None] = (spec.n // period, None, None) if period else (spec.n, "BN", None)
     return KernelSource(name, kernel, "gemm", body, args, configs,
                         [(spec.m, "BM", None), n_grid, (spec.batch, None, "SPLIT")],
-                        flops=flops, default_tune=default_tune, chain_columns=columns,
+                        flops=spec.flops, default_tune=default_tune,
                         parts=parts, before_wait=weight_prefetch(emitter.w, spec, emitter.b_in, period),
                         tensor_descriptors=bool(emitter.tma))

@@ -17,7 +17,6 @@ from fusegraph.ir.program import Instruction, Module
 from fusegraph.ops.base import is_load, is_store
 from fusegraph.targets.gpu.kernel_source import KernelSource
 from fusegraph.targets.gpu.kernel_writer import TRITON_TYPES, CodegenError, Index, KernelInputs, KernelWriter, Tile
-from fusegraph.targets.gpu.templates.gemm_chain import chain_spec, chain_workspace, chained_product, emit_chain
 from fusegraph.targets.gpu.templates.gemm_prologue import (RowStatistics, columns_vanish, computed_from, deferrable, emit_row_stores,
                                                              prologue_norms, row_stores, selected_loads)
 from fusegraph.targets.gpu.templates.gemm_reduce import (SEGMENT_EMITTERS, PixelSums, RowParts, emit_pixel_sums, emit_row_stats,
@@ -112,11 +111,6 @@ class GemmEmitter:
             ', input_precision="tf32"' if allow_tf32 else ', input_precision="ieee"')
         self.use_tma = dtype != DType.float64 and tma_wanted(interpret)
         self.tma: dict[str, TmaOperand] = {}  # "a", "b": the operands read through tensor descriptors
-        self.chain = chained_product(module, anchor)  # a second product reading this one's value (gemm_chain.py)
-        if self.chain is not None:
-            self.chain_spec = chain_spec(spec, self.chain)
-            self.w.anchor_values[id(self.chain)] = self._chain_value
-            self.w.raw_loads.add(id(self.chain.inputs[1]))
 
     @property
     def lines(self) -> list[str]:
@@ -132,11 +126,6 @@ class GemmEmitter:
         if id(tile) not in self.sum_codes:
             raise CodegenError(f"the epilogue of {self.kernel} reads a reduction across its programs, which it only stores")
         return self.sum_codes[id(tile)]
-
-    def _chain_value(self, tile: Tile, index: Index) -> str:
-        if index != self.chain_spec.out_index:
-            raise CodegenError(f"the epilogue of {self.kernel} reads the chained {self.chain.op.name} at another index")
-        return "acc2"
 
     def _acc_value(self, tile: Tile, index: Index) -> str:
         if index != self.spec.out_index:
@@ -322,9 +311,6 @@ class GemmEmitter:
                       {"rm": self.m_bound, "rn": b.bound})
             self.acc_of[id(te)] = b.acc
             self.width_of[id(te)] = b.width
-            if self.chain is not None:
-                emit_chain(self, te)
-                continue
             if self.row_stats:  # before the tile's stores: the rendezvous' release then waits for
                 # the parts alone, not for the whole tile to reach memory
                 emit_row_stats(self.w, self.row_stats, te, self.spec.out_index, self.spec.m, self.spec.n, self.sum_codes)
@@ -370,8 +356,6 @@ def split_k_fixup(w: KernelWriter) -> None:
 def workspace_elements(src: KernelSource, config: dict[str, int]) -> tuple[int, int]:
     """Float32 workspace elements and tile counters a GEMM kernel needs under `config`: SPLIT
     BM x BN float32 slots and one counter per output tile (`split_k_fixup`)."""
-    if src.chain_columns:
-        return chain_workspace(src, config)
     if src.template != "gemm" or config.get("SPLIT", 1) == 1:
         return 0, 0
     tiles = 1
