@@ -18,7 +18,10 @@ bert_base_s512 512), fp16, contenders (`--modes`):
   their row statistics in kernels of their own instead of the epilogues of the products
   writing the rows (FUSEGRAPH_JOIN_ROW_STATS=0); fusegraph-chunk-stats: a deferred layernorm
   prologue's statistics reduced across the tile chunk by chunk instead of summed lane by lane
-  (FUSEGRAPH_LANE_STATS=0, templates/gemm_prologue.py); not in the default modes;
+  (FUSEGRAPH_LANE_STATS=0, templates/gemm_prologue.py); fusegraph-store-norms: a layernorm that
+  a product reads and others too (a post-norm transformer's) computed in the product's prologue
+  and stored for the others (FUSEGRAPH_STORE_NORMS=1, passes/prologue_rule.py); not in the
+  default modes;
 * eager: the library's module (torchvision, timm, ultralytics, transformers; same config,
   random weights, built here) in fp16, captured in a CUDA graph;
 * compile: torch.compile(mode=None) of that module, captured in a CUDA graph;
@@ -63,12 +66,13 @@ from bench.yolov5s import with_batch
 from fusegraph.driver.inputs import input_ranges
 from fusegraph.driver.perf import compile_phase_lines
 from fusegraph.passes.defer_norm import DEFER_NORMS_ENV
+from fusegraph.passes.prologue_rule import STORE_NORMS_ENV
 from fusegraph.passes.reduction_epilogue import JOIN_ROW_STATS_ENV
 from fusegraph.targets.gpu.kernel_source import DEPENDENT_LAUNCH_ENV
 from fusegraph.targets.gpu.templates.gemm_prologue import LANE_STATS_ENV
 
 MODES = ("fusegraph", "fusegraph-plain", "fusegraph-pdl", "fusegraph-defer", "fusegraph-defer-all", "fusegraph-norms-kept",
-         "fusegraph-stats-apart", "fusegraph-chunk-stats", "eager", "compile", "max-autotune")
+         "fusegraph-stats-apart", "fusegraph-chunk-stats", "fusegraph-store-norms", "eager", "compile", "max-autotune")
 # a contender whose output misses its fp32 twin is still timed (its kernels are the same), and says so
 CHECK_FAILED = "output check failed (timed anyway; its error is in the error column)"
 TORCH_MODES = {"eager": None, "compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -157,12 +161,12 @@ def fp32_reference(case: Case) -> torch.Tensor:
 
 
 # the fusegraph contenders and their settings while they compile ("": the default)
-FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: ""},
+FUSEGRAPH_MODES = {"fusegraph": {DEPENDENT_LAUNCH_ENV: "", DEFER_NORMS_ENV: "", STORE_NORMS_ENV: ""},
                    "fusegraph-plain": {DEPENDENT_LAUNCH_ENV: "0"}, "fusegraph-pdl": {DEPENDENT_LAUNCH_ENV: "1"},
                    "fusegraph-defer": {DEFER_NORMS_ENV: "1"}, "fusegraph-defer-all": {DEFER_NORMS_ENV: "all"},
                    "fusegraph-norms-kept": {DEFER_NORMS_ENV: "0"},
                    "fusegraph-stats-apart": {DEFER_NORMS_ENV: "1", JOIN_ROW_STATS_ENV: "0"},
-                   "fusegraph-chunk-stats": {LANE_STATS_ENV: "0"}}
+                   "fusegraph-chunk-stats": {LANE_STATS_ENV: "0"}, "fusegraph-store-norms": {STORE_NORMS_ENV: "1"}}
 
 
 def run_fusegraph(case: Case, iters: int, mode: str = "fusegraph") -> Row:
