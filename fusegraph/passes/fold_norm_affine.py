@@ -50,7 +50,7 @@ def _weights(product: Instruction) -> tuple[Instruction, np.ndarray] | None:
     if value is None or value.shape[-2:] != b.shape.lens[-2:]:
         return None
     matrices = value.reshape(-1, *value.shape[-2:])
-    if not (matrices == matrices[0]).all():
+    if len(matrices) > 1 and not (matrices == matrices[0]).all():
         return None
     lit = b.inputs[0] if b.op.broadcasts else b
     return (lit, value) if is_literal(lit) and lit.shape.elements == value.size else None

@@ -34,6 +34,14 @@ def test_repeated_axes_finds_only_axes_where_every_slice_is_equal():
     v[1, 2, 0] += 1.0  # one differing element breaks the repetition
     assert repeated_axes(v) == []
     assert repeated_axes(np.full((2, 3), 7.0)) == [0, 1]
+    assert repeated_axes(np.full((2, 3), 7.0), {1}) == [1]  # only the axes asked about
+
+
+def test_a_slice_equal_to_the_first_but_a_later_one_not_is_no_repetition():
+    """The second slice alone agreeing says nothing: every slice is compared."""
+    v = np.zeros((4, 3))
+    v[3, 1] = 1.0
+    assert repeated_axes(v) == []
 
 
 def test_anchor_grid_becomes_one_slice_behind_a_broadcast():

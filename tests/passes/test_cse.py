@@ -14,7 +14,7 @@ from fusegraph.ops import make_op
 from fusegraph.ops.pointwise import Where
 from fusegraph.ops.source import add_literal, add_param
 from fusegraph.ops.views import MultiBroadcast, Transpose
-from fusegraph.passes.cse import CommonSubexpressions
+from fusegraph.passes.cse import SAMPLE, CommonSubexpressions
 from fusegraph.ops.base import OpKind, is_fused
 from fusegraph.passes.manager import run_passes
 from fusegraph.passes.pipeline import canonicalize_passes, count_kernels, fuse
@@ -157,3 +157,22 @@ def test_the_pipeline_computes_a_per_layer_mask_once():
     inputs = {"x": rng.standard_normal((2, 8)).astype(np.float32), "mask": rng.random((2, 8)) < 0.8}
     inputs["mask"][:, 0] = True
     assert_equal_outputs(unfused, fused, inputs, rtol=1e-5)
+
+
+def test_literals_equal_on_their_sampled_elements_merge_only_when_equal_everywhere():
+    """The key digests a sample of each literal; values equal there but not elsewhere stay
+    apart, and a later literal equal to the second of them merges with it, not the first."""
+    p = Program()
+    m = p.main
+    n = 3 * SAMPLE + 1  # every third element sampled
+    x = add_param(m, "x", Shape.of(DType.float32, (n,)))
+    a = np.zeros(n, np.float32)
+    b = a.copy()
+    b[1] = 5.0  # not a sampled element
+    lits = [add_literal(m, v.copy()) for v in (a, b, b)]
+    outs = [m.add(make_op("add"), [x, lit]) for lit in lits]
+    m.set_returns(outs, ["y0", "y1", "y2"])
+    assert CommonSubexpressions().apply(m)
+    kept = [i for i in m if i.op.name == "@literal"]
+    assert len(kept) == 2
+    assert outs[2].inputs[1] is lits[1] and outs[1].inputs[1] is lits[1] and outs[0].inputs[1] is lits[0]
