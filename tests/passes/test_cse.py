@@ -166,9 +166,9 @@ def test_literals_equal_on_their_sampled_elements_merge_only_when_equal_everywhe
     m = p.main
     n = 3 * SAMPLE + 1  # every third element sampled
     x = add_param(m, "x", Shape.of(DType.float32, (n,)))
-    a = np.zeros(n, np.float32)
+    a = np.random.default_rng().standard_normal(n).astype(np.float32)
     b = a.copy()
-    b[1] = 5.0  # not a sampled element
+    b[1] += 5.0  # not a sampled element
     lits = [add_literal(m, v.copy()) for v in (a, b, b)]
     outs = [m.add(make_op("add"), [x, lit]) for lit in lits]
     m.set_returns(outs, ["y0", "y1", "y2"])
