@@ -15,17 +15,18 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import numpy as np
-import onnx
 
 from fusegraph.errors import ArgumentError
 from fusegraph.ir.program import Program
-from fusegraph.onnx import importer
 from fusegraph.ops.base import is_fused
 from fusegraph.passes import pipeline
 from fusegraph.targets.ref.runner import RefProgram, compile_ref
+
+if TYPE_CHECKING:
+    import onnx
 
 #: the targets `compile` and `run` accept
 TARGETS = ("gpu", "ref")
@@ -46,6 +47,10 @@ def parse_onnx(source: "str | os.PathLike[str] | bytes | onnx.ModelProto",
     (fusegraph.onnx.rebatch); an `input_dims` entry of such an input then gives the batch as
     1 (the dimensions of one sample) or as `batch`.
     """
+    import onnx  # here, not with the module: loading a saved program needs no ONNX (about a second)
+
+    from fusegraph.onnx import importer
+
     if not isinstance(source, (str, os.PathLike, bytes, bytearray, onnx.ModelProto)):
         raise ArgumentError(f"source must be a path, bytes, an onnx.ModelProto or a zoo name, "
                             f"got {type(source).__name__}")

@@ -2,14 +2,16 @@
 
 Each type has the name MIGraphX prints (`float_type`, `half_type`, ...) so printed programs
 read the same across tools, and maps to one NumPy dtype so the reference target can run it.
-bfloat16 comes from `ml_dtypes`, which `onnx` already depends on.
+bfloat16 comes from `ml_dtypes` (which `onnx` already depends on), imported at its first use:
+its import takes about a second, which a process that never meets bfloat16 (a kernel-build
+worker, a saved fp16 program's load) need not pay.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 
-import ml_dtypes
 import numpy as np
 
 
@@ -32,7 +34,7 @@ class DType(enum.Enum):
 
     @property
     def numpy(self) -> np.dtype:
-        return _TO_NUMPY[self]
+        return _TO_NUMPY.get(self) or bfloat16_numpy()
 
     @property
     def itemsize(self) -> int:
@@ -57,13 +59,29 @@ class DType(enum.Enum):
         for k, v in _TO_NUMPY.items():
             if v == dt:
                 return k
+        if is_bfloat16(dt):
+            return DType.bfloat16
         raise ValueError(f"unsupported element type {dt}")
 
 
-_TO_NUMPY: dict[DType, np.dtype] = {
+@functools.cache
+def bfloat16_numpy() -> np.dtype:
+    """ml_dtypes' bfloat16, the NumPy type of DType.bfloat16 (imported here, at first use)."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bfloat16(dtype: np.dtype | type) -> bool:
+    """Whether a NumPy dtype is ml_dtypes' bfloat16, without importing ml_dtypes for any other
+    (a bfloat16 array exists only once ml_dtypes is imported)."""
+    dt = np.dtype(dtype)
+    return dt.name == "bfloat16" and dt == bfloat16_numpy()
+
+
+_TO_NUMPY: dict[DType, np.dtype] = {  # bfloat16's: bfloat16_numpy()
     DType.float32: np.dtype(np.float32),
     DType.float16: np.dtype(np.float16),
-    DType.bfloat16: np.dtype(ml_dtypes.bfloat16),
     DType.float64: np.dtype(np.float64),
     DType.int64: np.dtype(np.int64),
     DType.int32: np.dtype(np.int32),

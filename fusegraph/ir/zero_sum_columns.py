@@ -12,8 +12,11 @@ until every column's sum of the stored values is well inside `columns_sum_to_zer
 
 from __future__ import annotations
 
-import ml_dtypes
+from typing import Any
+
 import numpy as np
+
+from fusegraph.ir.dtypes import is_bfloat16
 
 # A column counts as summing to zero below this share of its 2-norm times the storage type's
 # unit roundoff: the skipped term, the rows' shift times the sum, then stays under a quarter of
@@ -21,8 +24,17 @@ import numpy as np
 ZERO_SUM_SHARE = 0.25
 
 
+def _finfo(dtype: np.dtype) -> Any:
+    """NumPy's float facts, or ml_dtypes' for bfloat16 (which NumPy's finfo does not know)."""
+    if is_bfloat16(dtype):
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
+
+
 def _unit_roundoff(dtype: np.dtype) -> float:
-    return float(ml_dtypes.finfo(dtype).eps) / 2
+    return float(_finfo(dtype).eps) / 2
 
 
 def zero_sum_columns(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -36,7 +48,7 @@ def zero_sum_columns(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     work = np.float64 if np.dtype(dtype).itemsize >= 4 else np.float32
     centered = (w - w.mean(axis=-2, keepdims=True)).astype(work)
     stored = centered.astype(dtype).astype(work)
-    info = ml_dtypes.finfo(dtype)
+    info = _finfo(dtype)
     mantissa, finest = info.nmant, float(info.smallest_subnormal)  # subnormals share one step
     target = ZERO_SUM_SHARE / 4 * _unit_roundoff(np.dtype(dtype)) * np.sqrt(np.square(stored, dtype=np.float64).sum(axis=-2))
     residual = stored.sum(axis=-2, dtype=np.float64)
@@ -56,7 +68,7 @@ def columns_sum_to_zero(value: np.ndarray) -> bool:
     """Whether every column (axis -2 summed) of the stored matrices `value` sums to zero up to
     `ZERO_SUM_SHARE` of the unit roundoff times the column's 2-norm: a floating-point literal
     that `zero_sum_columns` made, or any that is as near."""
-    if value.ndim < 2 or not np.issubdtype(value.dtype, np.floating) and value.dtype != ml_dtypes.bfloat16:
+    if value.ndim < 2 or not np.issubdtype(value.dtype, np.floating) and not is_bfloat16(value.dtype):
         return False
     wide = value.astype(np.float64)
     sums = np.abs(wide.sum(axis=-2))

@@ -37,9 +37,9 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
-import ml_dtypes
 import numpy as np
 
+from fusegraph.ir.dtypes import is_bfloat16
 from fusegraph.ir.shape import Shape
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ def is_select(ins: "Instruction") -> bool:
 def is_float(dtype: np.dtype | type) -> bool:
     """Whether a NumPy dtype is floating point, bfloat16 included (ml_dtypes gives it kind 'V', not 'f')."""
     dt = np.dtype(dtype)
-    return dt.kind == "f" or dt == ml_dtypes.bfloat16
+    return dt.kind == "f" or is_bfloat16(dt)
 
 
 def require(cond: bool, message: str | Callable[[], str]) -> None:

@@ -8,7 +8,6 @@ type, so the kernels read and write half the bytes. Arithmetic inside kernels st
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from fusegraph.ir.dtypes import DType
@@ -50,7 +49,12 @@ class ToHalf:
         exporter's "minus infinity" mask fill, -3.4e38 (float32's lowest), would otherwise
         become -inf in float16, and the mask's `0 * fill` for a kept token NaN instead of 0.
         Infinities and NaNs written as such stay what they are."""
-        top = float(np.finfo(self.dtype.numpy).max) if self.dtype == DType.float16 else float(ml_dtypes.finfo(self.dtype.numpy).max)
+        if self.dtype == DType.float16:
+            top = float(np.finfo(np.float16).max)
+        else:
+            import ml_dtypes  # bfloat16's range; imported at its first use (ir/dtypes.py)
+
+            top = float(ml_dtypes.finfo(self.dtype.numpy).max)
         clamped = np.where(np.isfinite(value), np.clip(value, -top, top), value)
         return clamped.astype(self.dtype.numpy)
 
