@@ -55,6 +55,11 @@ for s in $steps; do
                step floors_${m}_b$b timeout 60 $py bench/kernel_floors.py "$out/perf_${m}_b$b.log" --model $m --batch $b --fp16; done ;;
     cold_compile) for m in ${COLD_MODELS:-bert_base efficientnet_b1 yolov8s}; do  # empty caches: what a first compile costs
                step cold_$m timeout 150 env FUSEGRAPH_CACHE_DIR=/tmp/fgc-cold-$m-$$ TRITON_CACHE_DIR=/tmp/tc-cold-$m-$$ $py -m fusegraph.driver.cli perf $m --fp16; done ;;
+    cold_ab) for m in ${COLD_MODELS:-efficientnet_b1 bert_base}; do  # a cold compile (both caches empty) of this tree against AB_BASE, alternating
+               for side in base head; do
+                 src=$([ $side = base ] && echo "${AB_BASE:?cold_ab: set AB_BASE to the baseline tree}" || echo "$PYTHONPATH")
+                 step cold_${m}_$side timeout 150 env PYTHONPATH="$src" FUSEGRAPH_CACHE_DIR=/tmp/fgc-coldab-$m-$side-$$ TRITON_CACHE_DIR=/tmp/tc-coldab-$m-$side-$$ $py -m fusegraph.driver.cli perf $m --fp16
+               done; done ;;
     defer_ab) step defer_ab timeout ${MODELS_S:-420} $py bench/models.py --batches 1,32 --models ${MODELS:-bert_base,vit_small_patch16_224} --modes fusegraph,fusegraph-defer,fusegraph-stats-apart,compile --name models-defer-ab --budget-s $(( ${MODELS_S:-420} - 20 )) ;;  # deferred layernorms (off by default) against the norms' own kernels
     models) step models timeout ${MODELS_S:-300} $py bench/models.py --batches ${MODEL_BATCHES:-1} --models ${MODELS:-resnet18} --modes ${MODEL_MODES:-fusegraph,eager,compile} --budget-s $(( ${MODELS_S:-300} - 20 )) --name ${MODEL_NAME:-models} ;;
     free_ab) step free_ab timeout ${MODELS_S:-200} $py bench/models.py --batches 1 --models ${MODELS:-convnext_tiny} --modes fusegraph,fusegraph-norms-kept,fusegraph-defer,compile --name models-free-ab --budget-s $(( ${MODELS_S:-200} - 20 ))  # the default (norms after depthwise convolutions deferred) against none deferred and against =1

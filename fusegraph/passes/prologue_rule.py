@@ -6,14 +6,18 @@ own that writes a tensor the anchor then reads back. The rule, per producer P of
 (looked at from the anchor, through views):
 
 * P is pointwise (an activation, a cast, the squeeze-and-excitation scale `x * s` read through
-  a broadcast): computed inside when nothing outside the group reads it (every reader, through
-  views, is the anchor or a value already computed inside), or when every reader is a product
+  a broadcast): computed inside when no other kernel needs it stored (every reader, through
+  views, is the anchor or a value computed inside; or a reduction, whose kernel computes its
+  pointwise producers again; or a pointwise op on P and constants whose readers pass the same
+  test: `only_inside`), or when every reader is a product
   that recomputes it cheaply, `pointwise_ops(P) * reads_per_element(reader) <= RECOMPUTE_BUDGET`
   (this anchor included). Either way P's own kernel and the round trip of its tensor through
   memory go away; the price is P's arithmetic repeated at every read of an element, which is
   free beside a product's multiply-adds when P has no other reader (its kernel would have cost
   a write and a read of every element), and kept small by the budget when several products
   repeat it. A P that another kind of reader needs keeps its kernel, and the anchor reads it.
+  A P computed from reductions' outputs and constants alone and read through a broadcast (a
+  group's `1 / sqrt(var + eps)`) is left to the reduction's epilogue, computed once per value.
 * P is a concat nothing outside reads, with a part that concat elimination would have to copy
   (a view such as a nearest resize, or a program input or constant): the kernel selects between
   the parts by the index range (`Select`). A concat of kernel outputs only stays: its parts
@@ -121,7 +125,7 @@ class PrologueRule:
         if self.anchor.op.family != "gemm":
             return False
         if ins.op.kind == OpKind.POINTWISE:
-            ok = self.only_inside(ins) or self.cheap_everywhere(ins)
+            ok = not self.reduction_tail(ins, at) and (self.only_inside(ins) or self.cheap_everywhere(ins))
         elif ins.op.concatenates:
             ok = self.only_inside(ins) and any(_needs_copy(x, ins.op.attrs["axis"]) for x in ins.inputs)
         elif ins.op.algorithm == "layernorm":
@@ -189,8 +193,36 @@ class PrologueRule:
         return sorted(ops, key=lambda i: order[id(i)]), ends
 
     def only_inside(self, ins: Instruction) -> bool:
+        """Whether no kernel but this one needs `ins` stored. Each reader (through views) must
+        be computed inside; or be a reduction reading a pointwise `ins` (a reduction's kernel
+        computes its pointwise producers again where it reads them, `FuseReductions`); or be a
+        pointwise op on `ins` and constants alone (no epilogue can take it, since it reads no
+        anchor's output) whose own readers pass the same test, the anchor itself only through
+        A. SiLU's `y * sigmoid(y)` asks about y before sigmoid(y) is in; GroupNorm's centered
+        `d = x - mean`, read by the normalization and by the variance's `d * d`, is computed
+        here and again in the variance's kernel, never stored."""
+        return self._needed_inside_only(ins, {id(ins)}, {}, top=True)
+
+    def _needed_inside_only(self, ins: Instruction, cone: set[int], known: dict[int, bool], top: bool = False) -> bool:
+        if id(ins) in known:
+            return known[id(ins)]
         readers = self.readers(ins)
-        return readers is not None and all(id(u) in self.inside for u in readers)
+        recomputed = ins.op.kind == OpKind.POINTWISE
+        ok = readers is not None and all(
+            (id(u) in self.inside and (top or u is not self.anchor or reads_as_a(u, ins)))
+            or (recomputed and u.op.kind == OpKind.REDUCE)
+            or (recomputed and u.op.kind == OpKind.POINTWISE and _reads_only(u, cone)
+                and self._needed_inside_only(u, cone | {id(u)}, known))
+            for u in readers)
+        known[id(ins)] = ok
+        return ok
+
+    def reduction_tail(self, ins: Instruction, at: IndexMap | None) -> bool:
+        """Whether `ins` is pointwise on reductions' outputs (and constants) only, read here
+        through a broadcast: GroupNorm's `1 / sqrt(var + eps)`, one value per group. It joins
+        the reduction's kernel as its epilogue (`FuseReductions` runs after the anchors),
+        computed once per value instead of at every read of this anchor's tiles."""
+        return at is not None and at.inverse() is None and _on_reductions(ins)
 
     def cheap_everywhere(self, ins: Instruction) -> bool:
         """Whether every reader of `ins` (through views) is a product whose A it is and that
@@ -258,6 +290,29 @@ def reads_as_a(product: Instruction, x: Instruction) -> bool:
     while a is not x and view_input_map(a) is not None:
         a = a.inputs[0]
     return a is x
+
+
+def _reads_only(u: Instruction, values: set[int]) -> bool:
+    """Whether every operand of `u` (through views) is one of `values` or a constant."""
+    for x in u.inputs:
+        while view_input_map(x) is not None:
+            x = x.inputs[0]
+        if id(x) not in values and broadcast_literal(x) is None:
+            return False
+    return True
+
+
+def _on_reductions(ins: Instruction) -> bool:
+    """Whether pointwise `ins` computes from reductions' outputs and constants only (through
+    views and other such pointwise ops), at least one reduction among them."""
+    sources = []
+    for x in ins.inputs:
+        while view_input_map(x) is not None:
+            x = x.inputs[0]
+        if broadcast_literal(x) is None:
+            sources.append(x)
+    return bool(sources) and all(x.op.kind == OpKind.REDUCE or x.op.kind == OpKind.POINTWISE and _on_reductions(x)
+                                 for x in sources)
 
 
 def _on_constants(u: Instruction, x: Instruction) -> bool:

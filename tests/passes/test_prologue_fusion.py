@@ -6,9 +6,9 @@ Every case also runs on the ref target, fused against unfused, on fresh random i
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
-from fusegraph import parse_onnx
+from fusegraph import parse_onnx, run
 from fusegraph.ir.dtypes import DType
 from fusegraph.ir.program import Instruction, Module, Program
 from fusegraph.ir.shape import Shape
@@ -20,7 +20,7 @@ from fusegraph.passes.fuse_anchors import FuseAnchors
 from fusegraph.passes.pipeline import fuse
 from fusegraph.passes.prologue_rule import (NORM_PROLOGUE_ANY_ROWS_K, NORM_PROLOGUE_MAX_ROWS, RECOMPUTE_BUDGET,
                                            STORE_NORMS_ENV, pointwise_ops, reads_per_element)
-from tests.helpers import assert_same_results, embedding_model, make_model, op_names, rand
+from tests.helpers import assert_same_results, embedding_model, make_model, op_names, ort_run, rand
 
 TOLERANCE = 1e-6  # the same ops on the same values, in the same order
 NORM_TOLERANCE = 1e-5  # folding gamma into the weights rounds the products differently
@@ -113,6 +113,76 @@ def test_a_producer_expensive_for_another_reader_keeps_its_kernel():
     fuse(after)
     assert [f.op.attrs["kernel"] for f in _fused(after)] == ["sigmoid_mul", "conv", "conv_add"]
     assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def _silu_conv(extra: list | None = None, outputs: tuple[str, ...] = ("y",)):
+    """x + c, then SiLU (`y * sigmoid(y)`: y read twice), into a 3x3 convolution."""
+    nodes = [node("Add", ["x", "c"], ["h"]), node("Sigmoid", ["h"], ["s"]), node("Mul", ["h", "s"], ["a"]),
+             node("Conv", ["a", "w", "wb"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]), *(extra or [])]
+    return make_model(nodes, {"x": [1, 8, 5, 6]}, list(outputs),
+                      {"c": rand(1, 8, 1, 1, seed=1), "w": rand(4, 8, 3, 3, seed=2), "wb": rand(4, seed=3)})
+
+
+def test_a_value_read_twice_inside_the_prologue_is_computed_there():
+    """SiLU reads its input twice; the rule used to see the sigmoid's read as an outside one
+    (asked about h before the sigmoid was in) and left h a kernel of its own."""
+    before, after = parse_onnx(_silu_conv()), parse_onnx(_silu_conv())
+    fuse(after)
+    (f,) = _fused(after)
+    assert _sub_ops(f) == ["add", "sigmoid", "mul", "convolution", "add"]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_value_a_reduction_also_reads_is_computed_by_both():
+    """h read by the convolution's prologue and by a mean: the mean's kernel computes h again
+    from x, so nothing stores h."""
+    model = _silu_conv([node("ReduceMean", ["h"], ["m"], axes=[2, 3], keepdims=0)], ("y", "m"))
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    assert [_sub_ops(f) for f in _fused(after)] == [["add", "sigmoid", "mul", "convolution", "add"],
+                                                     ["add", "reduce_mean"]]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def test_a_value_an_epilogue_also_reads_keeps_its_kernel():
+    """h is also the residual of a second convolution's epilogue, on the way to a mean: that
+    epilogue loads h, so h is stored once (its own kernel) and the prologue reads it."""
+    extra = [node("Conv", ["y", "w2"], ["y2"], kernel_shape=[1, 1]), node("Add", ["y2", "h"], ["r"]),
+             node("ReduceMean", ["r"], ["m"], axes=[2, 3], keepdims=0)]
+    model = _silu_conv([*extra], ("m",))
+    model.graph.initializer.append(numpy_helper.from_array(rand(8, 4, 1, 1, seed=4), "w2"))
+    before, after = parse_onnx(model), parse_onnx(model)
+    fuse(after)
+    assert [_sub_ops(f) for f in _fused(after)] == [["add"], ["sigmoid", "mul", "convolution", "add"],
+                                                     ["convolution", "add", "epilogue_sum"]]
+    assert_same_results(before, after, tolerance=TOLERANCE)
+
+
+def _group_norm_silu_conv():
+    nodes = [node("GroupNormalization", ["x", "g", "b"], ["n"], num_groups=4, epsilon=1e-5),
+             node("Sigmoid", ["n"], ["s"]), node("Mul", ["n", "s"], ["a"]),
+             node("Conv", ["a", "w", "wb"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    return make_model(nodes, {"x": [2, 16, 6, 5]}, ["y"],
+                      {"g": rand(16, seed=1), "b": rand(16, seed=2), "w": rand(8, 16, 3, 3, seed=3), "wb": rand(8, seed=4)},
+                      opset=21)
+
+
+def test_group_norm_and_silu_are_normalized_in_the_conv_from_two_statistics_kernels():
+    """The group statistics are reductions over a group's channels and pixels, which no tile of
+    the convolution holds: the mean and the variance (with its `1 / sqrt(var + eps)` tail, one
+    value per group) are kernels of their own, and the convolution normalizes, scales, shifts
+    and applies SiLU as it loads x. Nothing stores a tensor of x's size."""
+    before, after = parse_onnx(_group_norm_silu_conv()), parse_onnx(_group_norm_silu_conv())
+    fuse(after)
+    mean, var, conv = _fused(after)
+    assert _sub_ops(mean) == ["reduce_mean"] and mean.shape.lens == (2, 4, 1)
+    assert _sub_ops(var) == ["sub", "mul", "reduce_mean", "add", "sqrt", "recip"] and var.shape.lens == (2, 4, 1)
+    assert _sub_ops(conv) == ["sub", "mul", "mul", "add", "sigmoid", "mul", "convolution", "add"]
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+    x = np.random.default_rng().standard_normal((2, 16, 6, 5)).astype(np.float32)
+    (want,) = ort_run(_group_norm_silu_conv(), {"x": x})
+    (got,) = run(after, {"x": x}).values()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def _neck() -> object:
