@@ -20,6 +20,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Const, Expr
 from fusegraph.ir.index_map import delinearize
 from fusegraph.ir.program import Instruction, Module
+from fusegraph.targets.gpu.device import current_device
 from fusegraph.targets.gpu.kernel_source import KernelSource, signature
 from fusegraph.targets.gpu.kernel_writer import CodegenError, Index, KernelInputs, KernelWriter, Tile, var
 from fusegraph.targets.gpu.scalar_ops import binary_rhs, fold_across, literal
@@ -209,10 +210,31 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     return KernelSource(name, kernel, "reduction", body, args, _configs(r.rows, r.length), [(r.rows, "BO", None)])
 
 
+# Below this many elements a reduction takes its launch's time however its rows are spread,
+# so it builds no candidate for spreading them (an SE block's pooled vectors).
+SPREAD_MIN_ELEMENTS = 1 << 16
+
+
 def _configs(rows: int, length: int) -> list[dict[str, int]]:
+    """Row blocks of about 4096 elements, then half-width chunks of twice the rows; and, where
+    those blocks leave multiprocessors idle, the most rows a program that still give each one
+    a program (one row at worst): BERT-base's layernorms at batch 1 are 128 rows of 768, which
+    blocks of four rows spread over 32 programs. The tune picks."""
     br = max(16, min(1024, 1 << (length - 1).bit_length()))
     bo = max(1, min(1 << (rows - 1).bit_length() if rows > 1 else 1, 4096 // br))
     configs = [{"BO": bo, "BR": br, "num_warps": 4, "num_stages": 1}]
     if br > 128:
         configs.append({"BO": max(1, min(bo * 2, 8192 // (br // 2))), "BR": br // 2, "num_warps": 4, "num_stages": 1})
+    spread = _spread_rows(rows, bo)
+    if spread < bo and rows * length >= SPREAD_MIN_ELEMENTS:
+        configs.append({"BO": spread, "BR": br, "num_warps": 4, "num_stages": 1})
     return configs
+
+
+def _spread_rows(rows: int, bo: int) -> int:
+    """The largest power of two up to `bo` rows a program that still gives every multiprocessor
+    a program, or 1."""
+    sms = current_device().sm_count
+    while bo > 1 and -(-rows // bo) < sms:
+        bo //= 2
+    return bo
