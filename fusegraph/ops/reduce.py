@@ -402,6 +402,31 @@ class RowMean(RowRstd):
 
 
 @register
+class RowMoments(RowRstd):
+    """A row's mean and 1 / sqrt(var + eps), both, over the axes from `axis` to the end: index 0
+    and 1 along `axis` (the other reduced axes kept as length 1), in float32 (float64 for
+    float64 data). The normalizations the importer spells out (GroupNorm, InstanceNorm) read
+    both statistics; one kernel computes them in two passes over the row (the mean, then the
+    squared deviations from it), where a mean and a variance of the deviations took a kernel
+    each and read the row twice from memory. Its readers slice out the statistic they use."""
+
+    name = "row_moments"
+    algorithm = "row_moments"
+    stat = "moments"
+
+    def __init__(self, axis: int, epsilon: float) -> None:
+        super().__init__(axis, epsilon, center=True)
+
+    def compute_shape(self, inputs: Sequence[Shape]) -> Shape:
+        rows = super().compute_shape(inputs)
+        return Shape.of(rows.dtype, [2 if d == self.axis else n for d, n in enumerate(rows.lens)])
+
+    def reference(self, args: Sequence[np.ndarray]) -> np.ndarray:
+        x, axes, eps = args[0], tuple(range(self.axis, args[0].ndim)), self.attrs["epsilon"]
+        return np.concatenate([_row_stat(x, axes, "mean", eps, True), _row_stat(x, axes, "rstd", eps, True)], axis=self.axis)
+
+
+@register
 class EpilogueRowStat(Op):
     """`row_rstd` or `row_mean` (`stat`) over `axis`, repeated along it: a matrix product's
     epilogue taking the statistics of the rows it writes (`passes/reduction_epilogue.py`), in

@@ -167,22 +167,77 @@ def _group_norm_silu_conv():
                       opset=21)
 
 
-def test_group_norm_and_silu_are_normalized_in_the_conv_from_two_statistics_kernels():
+def test_group_norm_and_silu_are_normalized_in_the_conv_from_one_statistics_kernel():
     """The group statistics are reductions over a group's channels and pixels, which no tile of
-    the convolution holds: the mean and the variance (with its `1 / sqrt(var + eps)` tail, one
-    value per group) are kernels of their own, and the convolution normalizes, scales, shifts
-    and applies SiLU as it loads x. Nothing stores a tensor of x's size."""
+    the convolution holds: one kernel computes each group's mean and 1 / sqrt(var + eps)
+    (`row_moments`), and the convolution normalizes, scales, shifts and applies SiLU as it
+    loads x. Nothing stores a tensor of x's size."""
     before, after = parse_onnx(_group_norm_silu_conv()), parse_onnx(_group_norm_silu_conv())
     fuse(after)
-    mean, var, conv = _fused(after)
-    assert _sub_ops(mean) == ["reduce_mean"] and mean.shape.lens == (2, 4, 1)
-    assert _sub_ops(var) == ["sub", "mul", "reduce_mean", "add", "sqrt", "recip"] and var.shape.lens == (2, 4, 1)
+    moments, conv = _fused(after)
+    assert _sub_ops(moments)[0] == "row_moments" and moments.shape.lens == (2, 4, 1)
+    assert [r.shape.lens for r in moments.op.module.returns] == [(2, 4, 1), (2, 4, 1)]  # the mean and 1 / std
     assert _sub_ops(conv) == ["sub", "mul", "mul", "add", "sigmoid", "mul", "convolution", "add"]
     assert_same_results(before, after, tolerance=NORM_TOLERANCE)
     x = np.random.default_rng().standard_normal((2, 16, 6, 5)).astype(np.float32)
     (want,) = ort_run(_group_norm_silu_conv(), {"x": x})
     (got,) = run(after, {"x": x}).values()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _torch_group_norm_silu_conv():
+    """torch.nn.GroupNorm as torch's legacy exporter writes it (opset 17): a Reshape to
+    [N, G, -1], InstanceNormalization with unit scale and zero bias per group, a Reshape back,
+    then the per-channel Mul and Add; SiLU as Sigmoid and Mul; a 3x3 convolution."""
+    nodes = [node("Reshape", ["x", "grouped"], ["g"]), node("InstanceNormalization", ["g", "ones", "zeros"], ["z"], epsilon=1e-5),
+             node("Reshape", ["z", "full"], ["zf"]), node("Mul", ["zf", "gamma"], ["zs"]), node("Add", ["zs", "beta"], ["n"]),
+             node("Sigmoid", ["n"], ["s"]), node("Mul", ["n", "s"], ["a"]),
+             node("Conv", ["a", "w", "wb"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    return make_model(nodes, {"x": [1, 16, 6, 5]}, ["y"],
+                      {"grouped": np.array([1, 4, -1], np.int64), "ones": np.ones(4, np.float32),
+                       "zeros": np.zeros(4, np.float32), "full": np.array([1, 16, 6, 5], np.int64),
+                       "gamma": rand(16, 1, 1, seed=1), "beta": rand(16, 1, 1, seed=2), "w": rand(8, 16, 3, 3, seed=3),
+                       "wb": rand(8, seed=4)})
+
+
+def test_group_norm_as_torch_exports_it_is_one_statistics_kernel_and_the_conv():
+    """Four kernels before (mean, variance, the normalized tensor, the convolution), two now."""
+    before, after = parse_onnx(_torch_group_norm_silu_conv()), parse_onnx(_torch_group_norm_silu_conv())
+    fuse(after)
+    moments, conv = _fused(after)
+    assert _sub_ops(moments)[0] == "row_moments"
+    assert _sub_ops(conv)[-4:] == ["sigmoid", "mul", "convolution", "add"]
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
+    x = np.random.default_rng().standard_normal((1, 16, 6, 5)).astype(np.float32)
+    (want,) = ort_run(_torch_group_norm_silu_conv(), {"x": x})
+    np.testing.assert_allclose(next(iter(run(after, {"x": x}).values())), want, rtol=1e-4, atol=1e-4)
+
+
+def _spelled_out_group_norm_conv():
+    """GroupNorm as an exporter may spell it: ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div
+    over [N, G, C/G * H * W], then a per-channel affine, into a 3x3 convolution."""
+    nodes = [node("Reshape", ["x", "grouped"], ["g"]), node("ReduceMean", ["g"], ["m"], axes=[2]),
+             node("Sub", ["g", "m"], ["d"]), node("Mul", ["d", "d"], ["d2"]), node("ReduceMean", ["d2"], ["v"], axes=[2]),
+             node("Add", ["v", "eps"], ["ve"]), node("Sqrt", ["ve"], ["sd"]), node("Div", ["d", "sd"], ["z"]),
+             node("Reshape", ["z", "full"], ["zf"]), node("Mul", ["zf", "gamma"], ["zs"]), node("Add", ["zs", "beta"], ["n"]),
+             node("Conv", ["n", "w", "wb"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    return make_model(nodes, {"x": [2, 16, 6, 5]}, ["y"],
+                      {"grouped": np.array([2, 4, 120], np.int64), "full": np.array([2, 16, 6, 5], np.int64),
+                       "eps": np.array(1e-5, np.float32), "gamma": rand(16, 1, 1, seed=1), "beta": rand(16, 1, 1, seed=2),
+                       "w": rand(8, 16, 3, 3, seed=3), "wb": rand(8, seed=4)})
+
+
+def test_a_pointwise_tail_of_reductions_stays_with_the_reduction():
+    """Spelled out, the variance's `sqrt(var + eps)` is one value per group that the
+    convolution reads through a broadcast: it joins the variance's kernel (once per group),
+    while the centered `x - mean`, which the variance also reads, is computed in both kernels."""
+    before, after = parse_onnx(_spelled_out_group_norm_conv()), parse_onnx(_spelled_out_group_norm_conv())
+    fuse(after)
+    mean, var, conv = _fused(after)
+    assert _sub_ops(mean) == ["reduce_mean"]
+    assert _sub_ops(var) == ["sub", "mul", "reduce_mean", "add", "sqrt"]
+    assert _sub_ops(conv)[:2] == ["sub", "div"] and "sqrt" not in _sub_ops(conv)
+    assert_same_results(before, after, tolerance=NORM_TOLERANCE)
 
 
 def _neck() -> object:

@@ -314,12 +314,18 @@ def _moments(ctx: ImportContext, x: Instruction, axes: list[int]) -> tuple[Instr
 
 def _standardize(ctx: ImportContext, x: Instruction, axes: list[int],
                  epsilon: float) -> tuple[Instruction, Instruction, Instruction]:
-    """(x - mean) / sqrt(var + epsilon) over `axes`, with the mean and 1 / sqrt(var + epsilon)
-    (kept as length-1 dims): the core of the normalizations without an op of their own."""
-    mean, centered, var = _moments(ctx, x, axes)
-    eps = ctx.literal(np.array(epsilon, x.shape.dtype.numpy))
-    inv_std = ctx.add(make_op("recip"), [ctx.add(make_op("sqrt"), [binary(ctx, "add", var, eps)])])
-    return binary(ctx, "mul", centered, inv_std), mean, inv_std
+    """(x - mean) / sqrt(var + epsilon) over the trailing `axes`, with the mean and
+    1 / sqrt(var + epsilon) (kept as length-1 dims): the core of the normalizations without an
+    op of their own. Both statistics come from one `row_moments` (one kernel), each converted
+    to x's type where it is read, as the decomposed statistics were (half precision converts
+    those converts too)."""
+    first = axes[0]
+    if list(axes) != list(range(first, x.shape.ndim)):
+        raise ctx.error(f"normalizes over axes {axes}, not the trailing ones")
+    moments = ctx.add(reduce.RowMoments(first, epsilon), [x])
+    mean, inv_std = (ctx.add(pw.Convert(x.shape.dtype), [ctx.add(v.Slice([first], [k], [k + 1]), [moments])])
+                     for k in (0, 1))
+    return binary(ctx, "mul", binary(ctx, "sub", x, mean), inv_std), mean, inv_std
 
 
 def _stash_type(ctx: ImportContext) -> DType:

@@ -351,11 +351,13 @@ class KernelWriter:
         a chain, in order."""
         dest = ins.inputs[0]
         parts = self._store_parts(dest, tile, index) if is_store(dest) else []
+        ranges = self.domain_ranges(ins, index)
+        if any(not (lo <= bounds(x)[1] and bounds(x)[0] < hi) for x, lo, hi in ranges):
+            return parts  # its domain holds no element of this index: nothing to store here
         arg, shape = self.buffer(self.root_buffer(dest))
         m = ins.op.attrs["map"]
         idx = m.apply(index, check=False)
         addr = linear_offset(idx, shape.strides, shape.offset)
-        ranges = self.domain_ranges(ins, index)
         dconds = [c for x, lo, hi in ranges for c in tile.range_conds(x, lo, hi)]
         value = self.value(ins.inputs[1], tile, index)
         ptr = f"{arg} + {tile.code(addr)}{tile.zero_for(tile.dims - self._vars_of([addr]))}"

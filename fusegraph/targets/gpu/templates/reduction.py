@@ -44,6 +44,7 @@ class Rows:
         self.full_index, self.red_index = _indices(lens, kept, axes, self.rows, self.length)
         self.full_output = full_output
         self.out = ""
+        self.out_index: Index | None = None  # where `out` is, when an emitter stores several values a row
         self.w = KernelWriter(module, inputs, {id(anchor): self._anchor_value})
         prologue_movement(self.w, module)
         # float64 data, and integers (exact below 2**53), accumulate in float64; the rest in float32
@@ -52,7 +53,7 @@ class Rows:
         self.row_bound = f"(ro[:, None] < {self.rows})" if self.rows > 1 else None
 
     def _anchor_value(self, tile: Tile, index: Index) -> str:
-        want = self.full_index if self.full_output else self.red_index
+        want = self.out_index or (self.full_index if self.full_output else self.red_index)
         if index != want:
             raise CodegenError(f"the epilogue of {self.kernel} reads the {self.anchor.op.name} at another index")
         return self.out
@@ -176,6 +177,17 @@ def _statistics(r: Rows) -> tuple[str, str]:
 @algorithm("row_stat")
 def _row_stat(r: Rows) -> None:
     r.out = _mean(r) if r.anchor.op.stat == "mean" else _statistics(r)[1]
+
+
+@algorithm("row_moments", full_output=True)
+def _row_moments(r: Rows) -> None:
+    """Each row's mean and 1 / sqrt(var + eps), stored at 0 and 1 along the first reduced axis
+    (`RowMoments`): two stores of the row's result, so the emitter makes them itself."""
+    tile = Tile({"ro": "ro"}, {"ro": f"(ro < {r.rows})" if r.rows > 1 else None})
+    first = r.anchor.op.attrs["axis"]
+    for k, value in enumerate(_statistics(r)):
+        r.out, r.out_index = value, tuple(Const(k) if d == first else e for d, e in enumerate(r.red_index))
+        r.store(tile, r.out_index)
 
 
 @algorithm("layernorm", full_output=True)
