@@ -27,7 +27,7 @@ class Spec:
 
     library: str  # the import the module needs
     build: Callable[[], torch.nn.Module]
-    token_inputs: bool = False  # transformers: keyword inputs, last_hidden_state out
+    keyword_inputs: bool = False  # called with its inputs by name (transformers, the SD block); one tensor out
 
 
 def _torchvision(arch: str) -> Callable[[], torch.nn.Module]:
@@ -60,13 +60,16 @@ def _yolov8s() -> torch.nn.Module:
     return model
 
 
-def _unet() -> torch.nn.Module:
-    """The zoo's small U-Net, from the definition tools/export_models.py exports."""
-    sys.path.insert(0, str(TOOLS))
-    try:
-        return importlib.import_module("export_models").build_unet()
-    finally:
-        sys.path.remove(str(TOOLS))
+def _exported_here(builder: str) -> Callable[[], torch.nn.Module]:
+    """A zoo model defined in tools/export_models.py with torch.nn's own modules (the small
+    U-Net, the Stable Diffusion residual block), from that definition."""
+    def build() -> torch.nn.Module:
+        sys.path.insert(0, str(TOOLS))
+        try:
+            return getattr(importlib.import_module("export_models"), builder)()
+        finally:
+            sys.path.remove(str(TOOLS))
+    return build
 
 
 class _LastHidden(torch.nn.Module):
@@ -100,13 +103,14 @@ SPECS: dict[str, Spec] = {
     "convnext_tiny": Spec("torchvision", _torchvision("convnext_tiny")),
     "efficientnet_b1": Spec("timm", _timm("efficientnet_b1")),
     "yolov8s": Spec("ultralytics", _yolov8s),
-    "unet_small": Spec("torch", _unet),
+    "unet_small": Spec("torch", _exported_here("build_unet")),
+    "sd_resblock": Spec("torch", _exported_here("build_sd_resblock"), keyword_inputs=True),
     "vit_small_patch16_224": Spec("timm", _timm("vit_small_patch16_224")),
     "deit_small_patch16_224": Spec("timm", _timm("deit_small_patch16_224")),
     "swin_tiny_patch4_window7_224": Spec("timm", _timm("swin_tiny_patch4_window7_224")),
-    "bert_base": Spec("transformers", _bert, token_inputs=True),
-    "bert_base_s512": Spec("transformers", _bert, token_inputs=True),
-    "gpt2_2layer": Spec("transformers", _gpt2, token_inputs=True),
+    "bert_base": Spec("transformers", _bert, keyword_inputs=True),
+    "bert_base_s512": Spec("transformers", _bert, keyword_inputs=True),
+    "gpt2_2layer": Spec("transformers", _gpt2, keyword_inputs=True),
 }
 
 

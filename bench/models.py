@@ -133,7 +133,7 @@ class Case:
         if generated:  # bench/torch_reference.py: positional inputs, a tuple of outputs
             args = [feeds[k] for k in self.input_names]
             return lambda: module(*args)[0]
-        if SPECS[self.name].token_inputs:
+        if SPECS[self.name].keyword_inputs:
             return lambda: module(**feeds)
         (x,) = feeds.values()
         return lambda: _first(module(x))

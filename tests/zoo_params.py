@@ -19,7 +19,7 @@ import pytest
 FULL = os.environ.get("FUSEGRAPH_FULL_ZOO") == "1"
 
 #: exported models every run checks
-DEFAULT_EXPORTED = ["resnet18", "mobilenet_v3_large", "unet_small", "gpt2_2layer", "efficientnet_b1",
+DEFAULT_EXPORTED = ["resnet18", "mobilenet_v3_large", "unet_small", "sd_resblock", "gpt2_2layer", "efficientnet_b1",
                     "yolov8s", "vit_small_patch16_224", "deit_small_patch16_224", "swin_tiny_patch4_window7_224"]
 #: exported models only a full run checks
 BIG_EXPORTED = ["bert_base", "bert_base_s512", "convnext_tiny"]

@@ -138,6 +138,32 @@ def build_unet():
     return SmallUNet()
 
 
+def build_sd_resblock():
+    """A Stable Diffusion UNet residual block (diffusers' ResnetBlock2D: GroupNorm(32) -> SiLU ->
+    3x3 conv, plus the SiLU'd time embedding projected to the channels, GroupNorm(32) -> SiLU ->
+    3x3 conv, plus the input) at SD 1.5's first-stage width, written with torch.nn's own modules
+    (diffusers itself is not installed)."""
+    import torch
+    from torch import nn
+
+    class ResBlock(nn.Module):
+        def __init__(self, channels: int = 320, temb: int = 1280) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.GroupNorm(32, channels, eps=1e-5), nn.GroupNorm(32, channels, eps=1e-5)
+            self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+            self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+            self.time_emb_proj = nn.Linear(temb, channels)
+            self.act = nn.SiLU()
+
+        def forward(self, sample: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+            h = self.conv1(self.act(self.norm1(sample)))
+            h = h + self.time_emb_proj(self.act(temb))[:, :, None, None]
+            h = self.conv2(self.act(self.norm2(h)))
+            return sample + h
+
+    return ResBlock()
+
+
 def build_torchvision(arch: str) -> Callable:
     def build():
         import torchvision
@@ -241,6 +267,9 @@ MODELS: dict[str, tuple] = {
                 "YOLOv8s detector 640x640, BatchNorm folded (ultralytics 8.4.190 yolov8s.yaml)"),
     "unet_small": (build_unet, [("input", [1, 3, 256, 256], "float32", None)], ["mask"],
                    "small U-Net 256x256: 9 convs, max-pool down, nearest upsample + concat up"),
+    "sd_resblock": (build_sd_resblock, [("sample", [1, 320, 32, 32], "float32", None), ("temb", [1, 1280], "float32", None)],
+                    ["out"], "Stable Diffusion UNet residual block, 320 channels 32x32, GroupNorm(32) + SiLU "
+                    "(torch.nn modules)"),
     "vit_small_patch16_224": (build_timm("vit_small_patch16_224"),
                               [("input", [1, 3, 224, 224], "float32", None)], ["logits"],
                               "ViT-S/16 classifier 224x224 (timm 1.0.31)"),

@@ -10,6 +10,9 @@ downloading anything. The zoo gives them by name, always the same bytes for the 
     efficientnet_b1               timm 1.0.31, 240x240
     yolov8s                       ultralytics 8.4.190 yolov8s.yaml, 640x640, BN folded, output [1,84,8400]
     unet_small                    a 9-conv U-Net (max-pool down, nearest upsample + concat up), 256x256
+    sd_resblock                   a Stable Diffusion UNet residual block (GroupNorm(32) + SiLU + 3x3 conv,
+                                  twice, a time embedding, the residual): 320 channels, 32x32,
+                                  inputs sample [1,320,32,32] and temb [1,1280]
     vit_small_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224   timm 1.0.31, 224x224
     bert_base                     transformers 4.57.6 BertModel (BERT-base config), sequence 128,
                                   int64 inputs input_ids, attention_mask, token_type_ids
@@ -89,6 +92,8 @@ _EXPORTED = [  # tools/export_models.py: torch 2.13 legacy exporter, opset 17, b
     _Entry("efficientnet_b1", "EfficientNet-B1 classifier 240x240 (timm 1.0.31)", False),
     _Entry("yolov8s", "YOLOv8s detector 640x640, BatchNorm folded (ultralytics 8.4.190)", False),
     _Entry("unet_small", "small U-Net 256x256, nearest upsample + concat (tools/export_models.py)", False),
+    _Entry("sd_resblock", "Stable Diffusion UNet residual block, 320 channels 32x32, GroupNorm + SiLU "
+           "(tools/export_models.py)", False),
     _Entry("vit_small_patch16_224", "ViT-S/16 classifier 224x224 (timm 1.0.31)", False),
     _Entry("deit_small_patch16_224", "DeiT-S/16 classifier 224x224 (timm 1.0.31)", False),
     _Entry("swin_tiny_patch4_window7_224", "Swin-T classifier 224x224, window 7 (timm 1.0.31)", False),

@@ -24,7 +24,7 @@ SLOW = ["yolov5s-bn-160", "light_squeezenet", "light_inception_v1", "light_shuff
         "light_zfnet512", "light_vgg19", "light_inception_v2"]
 # the models exported from their libraries' own definitions: every fusion rule they meet (prologue
 # and stored norms, epilogue layernorms, sunk concats, attention, folded batches) on real shapes
-EXPORTED = ["resnet18", "mobilenet_v3_large", "convnext_tiny", "efficientnet_b1", "yolov8s", "unet_small",
+EXPORTED = ["resnet18", "mobilenet_v3_large", "convnext_tiny", "efficientnet_b1", "yolov8s", "unet_small", "sd_resblock",
             "vit_small_patch16_224", "swin_tiny_patch4_window7_224", "bert_base", "gpt2_2layer"]
 
 

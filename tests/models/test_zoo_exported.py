@@ -30,6 +30,7 @@ EXPORTED = {
     "efficientnet_b1": ({"input": [1, 3, 240, 240]}, (1, 1000)),
     "yolov8s": ({"images": [1, 3, 640, 640]}, (1, 84, 8400)),
     "unet_small": ({"input": [1, 3, 256, 256]}, (1, 2, 256, 256)),
+    "sd_resblock": ({"sample": [1, 320, 32, 32], "temb": [1, 1280]}, (1, 320, 32, 32)),
     "vit_small_patch16_224": ({"input": [1, 3, 224, 224]}, (1, 1000)),
     "deit_small_patch16_224": ({"input": [1, 3, 224, 224]}, (1, 1000)),
     "swin_tiny_patch4_window7_224": ({"input": [1, 3, 224, 224]}, (1, 1000)),
@@ -146,6 +147,21 @@ def test_attention_is_not_degenerate(name, run):
         top = p.max(axis=-1)
         assert np.median(top) < 0.9, s  # not collapsed onto one key
         assert np.median(top) > 1.5 / p.shape[-1], s  # not uniform
+
+
+def test_sd_resblock_normalizes_in_its_convolutions(run):
+    """Each GroupNorm's statistics are one kernel; its normalization, affine and SiLU are
+    computed by the convolution that reads it, the time embedding's SiLU and projection are one
+    kernel, and its add is the first convolution's epilogue, the residual the second's: five
+    kernels, none storing a normalized tensor."""
+    fused = parse_onnx(zoo.load("sd_resblock"))
+    fuse(fused)
+    kernels = [i for i in fused.main if i.op.name == "fused"]
+    names = [[s.op.name for s in k.op.module if s.op.name in ("row_moments", "convolution", "dot", "sigmoid")]
+             for k in kernels]
+    assert names == [["row_moments"], ["sigmoid", "dot"], ["sigmoid", "convolution"], ["row_moments"],
+                     ["sigmoid", "convolution"]]
+    assert all(k.shape.elements in (32, 320, 320 * 32 * 32) for k in kernels)
 
 
 def _digest(model: onnx.ModelProto) -> str:
