@@ -227,11 +227,17 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
 SPREAD_MIN_ELEMENTS = 1 << 16
 
 
+# Rows at least this long (a GroupNorm's group: 10240 to 40960 elements in a diffusion UNet)
+# also try chunks of half of it under 8 warps: each program walks its row in 1024-element trips
+# otherwise, one load in flight at a time, twice over for the two statistics.
+LONG_ROW = 8192
+
+
 def _configs(rows: int, length: int) -> list[dict[str, int]]:
     """Row blocks of about 4096 elements, then half-width chunks of twice the rows; and, where
     those blocks leave multiprocessors idle, the most rows a program that still give each one
     a program (one row at worst): BERT-base's layernorms at batch 1 are 128 rows of 768, which
-    blocks of four rows spread over 32 programs. The tune picks."""
+    blocks of four rows spread over 32 programs; long rows, wider chunks. The tune picks."""
     br = max(16, min(1024, 1 << (length - 1).bit_length()))
     bo = max(1, min(1 << (rows - 1).bit_length() if rows > 1 else 1, 4096 // br))
     configs = [{"BO": bo, "BR": br, "num_warps": 4, "num_stages": 1}]
@@ -240,6 +246,8 @@ def _configs(rows: int, length: int) -> list[dict[str, int]]:
     spread = _spread_rows(rows, bo)
     if spread < bo and rows * length >= SPREAD_MIN_ELEMENTS:
         configs.append({"BO": spread, "BR": br, "num_warps": 4, "num_stages": 1})
+    if length >= LONG_ROW:  # four times the chunk, twice the warps: a quarter of the trips
+        configs.append({"BO": min(spread, 2), "BR": LONG_ROW // 2, "num_warps": 8, "num_stages": 1})
     return configs
 
 
