@@ -34,7 +34,8 @@ class DType(enum.Enum):
 
     @property
     def numpy(self) -> np.dtype:
-        return _TO_NUMPY.get(self) or bfloat16_numpy()
+        dt = _TO_NUMPY.get(self)
+        return dt if dt is not None else bfloat16_numpy()
 
     @property
     def itemsize(self) -> int:

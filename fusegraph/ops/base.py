@@ -239,6 +239,13 @@ def input_map_of(ins: "Instruction") -> "IndexMap | None":
     return ins.op.input_map(ins.inputs[0].shape.lens, ins.shape.lens)
 
 
+def view_source(ins: "Instruction") -> "Instruction":
+    """The instruction a chain of views (`ins` itself when it is no view) starts from."""
+    while input_map_of(ins) is not None:
+        ins = ins.inputs[0]
+    return ins
+
+
 def is_param(ins: "Instruction") -> bool:
     return ins.op.kind == OpKind.PARAM
 

@@ -54,7 +54,7 @@ import os
 from fusegraph.ir.index_expr import free_vars
 from fusegraph.ir.index_map import IndexMap
 from fusegraph.ir.program import Instruction, Module
-from fusegraph.ops.base import OpKind
+from fusegraph.ops.base import OpKind, view_source
 from fusegraph.ops.base import input_map_of as view_input_map
 from fusegraph.passes.literal_values import broadcast_literal
 
@@ -99,9 +99,7 @@ def pointwise_ops(ins: Instruction) -> int:
     seen: set[int] = set()
     stack = [ins]
     while stack:
-        x = stack.pop()
-        while view_input_map(x) is not None:
-            x = x.inputs[0]
+        x = view_source(stack.pop())
         if x.op.kind == OpKind.POINTWISE and id(x) not in seen:
             seen.add(id(x))
             stack.extend(x.inputs)
@@ -222,7 +220,7 @@ class PrologueRule:
         through a broadcast: GroupNorm's `1 / sqrt(var + eps)`, one value per group. It joins
         the reduction's kernel as its epilogue (`FuseReductions` runs after the anchors),
         computed once per value instead of at every read of this anchor's tiles."""
-        return at is not None and at.inverse() is None and _on_reductions(ins)
+        return at is not None and _on_reductions(ins) and at.inverse() is None
 
     def cheap_everywhere(self, ins: Instruction) -> bool:
         """Whether every reader of `ins` (through views) is a product whose A it is and that
@@ -294,23 +292,13 @@ def reads_as_a(product: Instruction, x: Instruction) -> bool:
 
 def _reads_only(u: Instruction, values: set[int]) -> bool:
     """Whether every operand of `u` (through views) is one of `values` or a constant."""
-    for x in u.inputs:
-        while view_input_map(x) is not None:
-            x = x.inputs[0]
-        if id(x) not in values and broadcast_literal(x) is None:
-            return False
-    return True
+    return all(id(x) in values or broadcast_literal(x) is not None for x in map(view_source, u.inputs))
 
 
 def _on_reductions(ins: Instruction) -> bool:
     """Whether pointwise `ins` computes from reductions' outputs and constants only (through
     views and other such pointwise ops), at least one reduction among them."""
-    sources = []
-    for x in ins.inputs:
-        while view_input_map(x) is not None:
-            x = x.inputs[0]
-        if broadcast_literal(x) is None:
-            sources.append(x)
+    sources = [x for x in map(view_source, ins.inputs) if broadcast_literal(x) is None]
     return bool(sources) and all(x.op.kind == OpKind.REDUCE or x.op.kind == OpKind.POINTWISE and _on_reductions(x)
                                  for x in sources)
 

@@ -46,8 +46,7 @@ from fusegraph.ir.dtypes import DType
 from fusegraph.ir.index_expr import Const, Var, free_vars, substitute
 from fusegraph.ir.index_map import IndexMap
 from fusegraph.ir.program import Instruction
-from fusegraph.ops.base import OpKind, is_literal
-from fusegraph.ops.base import input_map_of as view_input_map
+from fusegraph.ops.base import OpKind, is_literal, view_source
 from fusegraph.ops.reduce import EpilogueRowStat, EpilogueSum, SegmentLayerNorm, SegmentReduce, SegmentSoftmax
 from fusegraph.passes.group_builder import GroupBuilder, Piece
 
@@ -110,7 +109,7 @@ def segment_layernorm(anchor: Instruction, ins: Instruction, pieces: list[Piece]
         return None
     if anchor.op.attrs.get("group", 1) != 1 or len(pieces) != 1 or pieces[0].domain:
         return None
-    if not all(is_literal(_viewed(x)) for x in ins.inputs[1:]):
+    if not all(is_literal(view_source(x)) for x in ins.inputs[1:]):
         return None  # a computed affine could be a member of the group itself
     (p,) = pieces
     length = run_length(p.map, anchor, ins.op.attrs["axis"])
@@ -119,13 +118,6 @@ def segment_layernorm(anchor: Instruction, ins: Instruction, pieces: list[Piece]
     affine = [b.gather(x, p.map) for x in ins.inputs[1:]]
     op = SegmentLayerNorm(anchor.op.channel_axis(anchor.shape.ndim), length, ins.op.attrs["epsilon"], ins.op.center)
     return [Piece(p.map, (), b.add(op, [p.value, *affine], ins.origin))]
-
-
-def _viewed(x: Instruction) -> Instruction:
-    """The instruction a chain of views starts from."""
-    while view_input_map(x) is not None:
-        x = x.inputs[0]
-    return x
 
 
 def segment_fold(anchor: Instruction, ins: Instruction, pieces: list[Piece], b: GroupBuilder) -> list[Piece] | None:

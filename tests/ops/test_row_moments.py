@@ -30,7 +30,7 @@ def test_reference_stacks_the_mean_and_the_inverse_deviation_along_the_axis():
 
 
 def test_an_axis_past_the_rank_is_refused():
-    with pytest.raises(Exception, match="axis 4 out of range"):
+    with pytest.raises(ValueError, match="axis 4 out of range"):
         RowMoments(4, 1e-5).compute_shape([Shape.of(DType.float32, [2, 3, 4, 5])])
 
 

@@ -352,7 +352,7 @@ class KernelWriter:
         dest = ins.inputs[0]
         parts = self._store_parts(dest, tile, index) if is_store(dest) else []
         ranges = self.domain_ranges(ins, index)
-        if any(not (lo <= bounds(x)[1] and bounds(x)[0] < hi) for x, lo, hi in ranges):
+        if not all(_may_meet(x, lo, hi) for x, lo, hi in ranges):
             return parts  # its domain holds no element of this index: nothing to store here
         arg, shape = self.buffer(self.root_buffer(dest))
         m = ins.op.attrs["map"]
@@ -408,3 +408,9 @@ def _all(conds: list[str]) -> str:
 
 def var(name: str, extent: int) -> Var:
     return Var(name, max(1, int(extent)))
+
+
+def _may_meet(x: Expr, lo: int, hi: int) -> bool:
+    """Whether `x` can fall in [lo, hi) over its variables' ranges."""
+    least, most = bounds(x)
+    return lo <= most and least < hi

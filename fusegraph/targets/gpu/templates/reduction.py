@@ -82,6 +82,10 @@ class Rows:
         acc = self.lanes(identity, lambda a, v, m: binary_rhs(combine, a, f"tl.where({m}, {value(v)}, {identity})"))
         return fold_across(combine, acc, 1)
 
+    def row_tile(self) -> Tile:
+        """The tile of this program's rows alone: where a row's results are stored."""
+        return Tile({"ro": "ro"}, {"ro": f"(ro < {self.rows})" if self.rows > 1 else None})
+
     def store(self, tile: Tile, index: Index) -> None:
         for ret in self.module.returns:  # the group's value, then its further outputs
             self.w.store(ret, tile, index)
@@ -183,11 +187,10 @@ def _row_stat(r: Rows) -> None:
 def _row_moments(r: Rows) -> None:
     """Each row's mean and 1 / sqrt(var + eps), stored at 0 and 1 along the first reduced axis
     (`RowMoments`): two stores of the row's result, so the emitter makes them itself."""
-    tile = Tile({"ro": "ro"}, {"ro": f"(ro < {r.rows})" if r.rows > 1 else None})
     first = r.anchor.op.attrs["axis"]
     for k, value in enumerate(_statistics(r)):
         r.out, r.out_index = value, tuple(Const(k) if d == first else e for d, e in enumerate(r.red_index))
-        r.store(tile, r.out_index)
+        r.store(r.row_tile(), r.out_index)
 
 
 @algorithm("layernorm", full_output=True)
@@ -216,7 +219,7 @@ def reduction_kernel(name: str, kernel: str, module: Module, inputs: KernelInput
     r.w.emit("ro = tl.program_id(0) * BO + tl.arange(0, BO)")
     alg.emit(r)
     if not alg.full_output:
-        r.store(Tile({"ro": "ro"}, {"ro": f"(ro < {r.rows})" if r.rows > 1 else None}), r.red_index)
+        r.store(r.row_tile(), r.red_index)
     args = r.w.arg_list()
     body = signature(name, args, ["BO", "BR"]) + "\n" + "\n".join(r.w.lines) + "\n"
     return KernelSource(name, kernel, "reduction", body, args, _configs(r.rows, r.length), [(r.rows, "BO", None)])
